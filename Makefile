@@ -1,0 +1,28 @@
+# One-command entry points; each creates .venv and installs the CPU torch pin first, because a
+# bare torch requirement on a fresh machine resolves to a multi-GB CUDA build.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+TORCH_PIN ?= torch==2.13.0
+
+.PHONY: setup test lint bench-attention clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+
+setup: $(BIN)/python
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet $(TORCH_PIN)
+	$(BIN)/pip install --quiet -e '.[dev]'
+
+lint: setup
+	$(BIN)/ruff check src tests benchmarks
+
+test: lint
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+
+bench-attention: setup
+	$(BIN)/python benchmarks/attention.py --json benchmarks/results/attention.json
+
+clean:
+	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache

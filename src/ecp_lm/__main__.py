@@ -1,0 +1,3 @@
+from ecp_lm.cli import main
+
+raise SystemExit(main())

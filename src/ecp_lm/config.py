@@ -1,0 +1,179 @@
+"""Model configuration: one validated dataclass for all six architectures, presets, YAML.
+
+Notation follows the research (SPEC §1): N = ``seq_len``, l = ``latent_len``, h = N - l,
+S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+ARCHS = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit", "ecp")
+# Architectures whose window is split into a history and l trailing latent positions.
+PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
+ROPE_MODES = ("all", "first", "none")
+ATTN_IMPLS = ("auto", "reference", "sdpa", "flex")
+
+
+@dataclass
+class ModelConfig:
+    """Everything that determines a model's shape and the function it computes."""
+
+    arch: str = "ecp"
+    """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
+    ``ecp``."""
+    vocab_size: int = 256
+    """Number of token ids (256 for raw bytes)."""
+    d_model: int = 64
+    """Width of the residual stream."""
+    n_layers: int = 2
+    """Number of decoder blocks (L)."""
+    n_heads: int = 4
+    """Attention heads per block; ``d_model`` must be divisible by it."""
+    seq_len: int = 64
+    """Training window N. ``ecp`` accepts longer inputs; every other architecture at most N."""
+    latent_len: int | None = None
+    """Latent length l of the perceiver family (default N/2): the positions that are predicted."""
+    num_segments: int = 4
+    """S: ECP segments per window (m = N/S), or s-Split history segments (of length h/S)."""
+    compressed_len: int | None = None
+    """p: rows the history is compressed to after layer 0 (``compressed_double``; default h/2)."""
+    ff_mult: int = 4
+    """Feed-forward hidden width as a multiple of ``d_model``."""
+    dropout: float = 0.0
+    """Dropout on attention probabilities, the feed-forward and the residual branches."""
+    rope: str = "all"
+    """Rotary position embedding in every layer (``all``), only layer 0 (``first``), or ``none``."""
+    tied_kv: bool = False
+    """One projection serves as both keys and values (the authors' code)."""
+    tie_embeddings: bool = False
+    """The output head shares its weight with the token embedding."""
+    attn_impl: str = "auto"
+    """``auto`` (fastest exact kernel for the device), ``sdpa`` (segment-batched
+    scaled_dot_product_attention), ``flex`` (FlexAttention; backward only on CUDA), or
+    ``reference`` (dense masked attention built from the mask predicate)."""
+    num_classes: int | None = None
+    """If set, a classification head over the mean final hidden state of the predicted positions
+    replaces the language-model head; the model then returns (B, num_classes)."""
+
+    def __post_init__(self) -> None:
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch={self.arch!r} is not one of {', '.join(ARCHS)}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "num_segments",
+                     "ff_mult"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.rope not in ROPE_MODES:
+            raise ValueError(f"rope={self.rope!r} is not one of {', '.join(ROPE_MODES)}")
+        if self.rope != "none" and self.head_dim % 2:
+            raise ValueError(f"head dimension d_model/n_heads={self.head_dim} is odd; "
+                             f"rotary embeddings (rope={self.rope!r}) need an even one")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout={self.dropout} is outside [0, 1)")
+        if self.attn_impl not in ATTN_IMPLS:
+            raise ValueError(f"attn_impl={self.attn_impl!r} is not one of {', '.join(ATTN_IMPLS)}")
+        if self.num_classes is not None and (isinstance(self.num_classes, bool)
+                                             or not isinstance(self.num_classes, int)
+                                             or self.num_classes < 2):
+            raise ValueError(f"num_classes={self.num_classes!r} must be an integer >= 2 or None")
+        if self.num_classes is not None and self.tie_embeddings:
+            raise ValueError(f"tie_embeddings=True needs the language-model head, "
+                             f"but num_classes={self.num_classes} replaces it")
+        self._check_arch()
+
+    def _check_arch(self) -> None:
+        n = self.seq_len
+        if self.latent_len is None:
+            self.latent_len = max(1, n // 2)
+        if isinstance(self.latent_len, bool) or not isinstance(self.latent_len, int):
+            raise ValueError(f"latent_len={self.latent_len!r} must be an integer")
+        if self.arch in PERCEIVER_FAMILY and not 1 <= self.latent_len <= n - 1:
+            raise ValueError(f"latent_len={self.latent_len} is not in 1..seq_len-1={n - 1}")
+        if self.arch == "ecp" and n % self.num_segments:
+            raise ValueError(
+                f"seq_len={n} is not divisible by num_segments={self.num_segments}")
+        h = self.history_len
+        if self.arch == "ssplit" and h % self.num_segments:
+            raise ValueError(f"history length seq_len-latent_len={h} is not divisible by "
+                             f"num_segments={self.num_segments}")
+        if self.arch == "compressed_double":
+            if self.compressed_len is None:
+                self.compressed_len = max(1, h // 2)
+            if not 1 <= self.compressed_len <= h - 1:
+                raise ValueError(f"compressed_len={self.compressed_len} is not in "
+                                 f"1..history_len-1={h - 1}")
+            if self.n_layers < 2:
+                raise ValueError(f"compressed_double needs n_layers >= 2 (the history is "
+                                 f"compressed after layer 0), got n_layers={self.n_layers}")
+
+    # Derived sizes -------------------------------------------------------------------------
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def history_len(self) -> int:
+        """h = N - l (meaningful for the perceiver family)."""
+        return self.seq_len - self.latent_len
+
+    @property
+    def segment_len(self) -> int:
+        """m = N / S for ECP; h / S (the history segment) for s-Split."""
+        if self.arch == "ssplit":
+            return self.history_len // self.num_segments
+        return self.seq_len // self.num_segments
+
+    # Serialisation -------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> ModelConfig:
+        data = yaml.safe_load(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping of ModelConfig fields, "
+                             f"got {type(data).__name__}")
+        return cls.from_dict(data)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
+        """A named preset (see ``PRESETS``) with field overrides, e.g. ``arch="double"``."""
+        if name not in PRESETS:
+            raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
+        return cls.from_dict({**PRESETS[name], **overrides})
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds-fast models for tests: N = 64, m = 16, l = 32.
+    "tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=64, num_segments=4),
+    # A byte-level model that trains for a few minutes on a laptop CPU.
+    "small": dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=256,
+                  num_segments=8),
+    # The research's scale: ECP d_model 768, 12 layers, 6 heads, N 2048, S 8 (GPT-2 vocabulary);
+    # every baseline is built at the same size by overriding ``arch``.
+    "paper": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=6, seq_len=2048,
+                  num_segments=8),
+}

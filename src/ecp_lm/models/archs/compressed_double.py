@@ -1,0 +1,52 @@
+"""Compressed Double Attention (SPEC §3 ``compressed_double``).
+
+Layer 0 is a Double Attention layer over N positions. After its attention and residual, the h
+history rows are mapped to p rows by a learned linear map along the position axis, Linear(h -> p);
+the latent rows keep their own residual. The feed-forward of layer 0 and every later layer run on
+p + l rows. The compressed rows take RoPE positions h - p .. h - 1, so the later layers' mask,
+``(q < p and kv < p) or (q >= p and kv <= q)`` on rows, is ``DoubleMask(h)`` on positions.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.models.archs.double import Double
+from ecp_lm.models.block import Block
+from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.rows import Rows
+
+
+class CompressingBlock(Block):
+    """A block that compresses the history rows between its attention and feed-forward."""
+
+    def __init__(self, cfg: ModelConfig, arch: Double, rope: RotaryEmbedding | None):
+        super().__init__(cfg, arch, rope)
+        self.history_len, self.compressed_len = cfg.history_len, cfg.compressed_len
+        self.compress = nn.Linear(self.history_len, self.compressed_len)
+        # Each compressed row starts as a random mix of the history rows of about unit gain.
+        nn.init.normal_(self.compress.weight, 0.0, self.history_len ** -0.5)
+        nn.init.zeros_(self.compress.bias)
+
+    def forward(self, x: Tensor, rows: Rows, n_query: int) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query)
+        x, rows = self.compress_history(x, rows)
+        return self.feed_forward(x), rows
+
+    def compress_history(self, x: Tensor, rows: Rows) -> tuple[Tensor, Rows]:
+        """(B, n_hist + n_main, d) -> (B, p + n_main, d). A right-aligned short input has fewer
+        than h history rows; the missing (padding) rows are zero, so their weights drop out."""
+        h, p, n_hist = self.history_len, self.compressed_len, len(rows.history)
+        weight = self.compress.weight[:, h - n_hist:]  # (p, n_hist)
+        compressed = torch.einsum("ph,bhd->bpd", weight, x[:, :n_hist])
+        compressed = compressed + self.compress.bias[None, :, None]  # (B, p, d)
+        return torch.cat([compressed, x[:, n_hist:]], dim=1), Rows(range(h - p, h), rows.main)
+
+
+class CompressedDouble(Double):
+    def make_block(self, layer: int, rope: RotaryEmbedding | None) -> Block:
+        if layer == 0:
+            return CompressingBlock(self.cfg, self, rope)
+        return super().make_block(layer, rope)

@@ -1,0 +1,25 @@
+"""PerceiverAR (Hawthorne et al. 2022; SPEC §3 ``perceiver_ar``).
+
+Layer 0: only the l latent positions produce queries, against keys at every position, lower-right
+aligned causally; its residual is the latent rows. Layers >= 1: causal self-attention among the
+latents. The history is compressed into the latents once and never refined, nor trained on.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ecp_lm.models.archs.base import PerceiverFamily
+from ecp_lm.models.attention.kernels import causal_attention
+from ecp_lm.models.attention.masks import CausalMask
+from ecp_lm.models.rows import Rows
+
+
+class PerceiverAR(PerceiverFamily):
+    mask = CausalMask()
+
+    def num_queries(self, layer: int, rows: Rows, n_predicted: int) -> int:
+        return n_predicted
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
+        return causal_attention(q, k, v, dropout_p)

@@ -1,0 +1,17 @@
+"""Full causal attention: the quality and speed baseline (SPEC §3 ``transformer``)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ecp_lm.models.archs.base import Architecture
+from ecp_lm.models.attention.kernels import causal_attention
+from ecp_lm.models.attention.masks import CausalMask
+from ecp_lm.models.rows import Rows
+
+
+class Transformer(Architecture):
+    mask = CausalMask()
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
+        return causal_attention(q, k, v, dropout_p)

@@ -1,0 +1,1 @@
+"""Attention: mask predicates, kernels and the multi-head module."""

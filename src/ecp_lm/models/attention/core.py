@@ -1,0 +1,67 @@
+"""Multi-head attention: projections, rotary embedding and kernel dispatch (SPEC §2).
+
+This module owns the parameters; which keys a query may see is the architecture's business
+(its mask predicate and its exact fast kernel), so the same module serves all six patterns.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+from torch import Tensor, nn
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.models.attention.kernels import flex_attention_from_mask, reference_attention
+from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.rows import Rows
+
+if TYPE_CHECKING:
+    from ecp_lm.models.archs.base import Architecture
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig, arch: Architecture, rope: RotaryEmbedding | None):
+        super().__init__()
+        d = cfg.d_model
+        self.n_heads, self.head_dim = cfg.n_heads, cfg.head_dim
+        self.arch, self.rope, self.impl = arch, rope, cfg.attn_impl
+        self.dropout = cfg.dropout
+        self.q_proj = nn.Linear(d, d, bias=False)
+        self.k_proj = nn.Linear(d, d, bias=False)
+        # With tied_kv one projection is both keys (before RoPE) and values.
+        self.v_proj = None if cfg.tied_kv else nn.Linear(d, d, bias=False)
+        self.out_proj = nn.Linear(d, d, bias=False)
+
+    def _heads(self, x: Tensor) -> Tensor:
+        b, r, _ = x.shape
+        return x.view(b, r, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
+
+    def forward(self, x: Tensor, rows: Rows, n_query: int) -> Tensor:
+        """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
+        Returns (B, n_query, d)."""
+        q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
+        k = self._heads(self.k_proj(x))  # (B, H, R, D)
+        v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        if self.rope is not None:
+            kv_pos = rows.positions(x.device)
+            q, k = self.rope(q, kv_pos[len(rows) - n_query:]), self.rope(k, kv_pos)
+        out = self._attend(q, k, v, rows)  # (B, H, Rq, D)
+        b, _, rq, _ = out.shape
+        return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
+        dropout_p = self.dropout if self.training else 0.0
+        impl = self.impl
+        if impl == "auto":
+            impl = "flex" if q.is_cuda else "sdpa"
+        needs_backward = torch.is_grad_enabled() and q.requires_grad
+        if impl == "flex" and (dropout_p > 0.0 or (needs_backward and not q.is_cuda)):
+            impl = "sdpa"  # FlexAttention has no dropout, and no backward off CUDA
+        if impl == "reference":
+            kv_pos = rows.positions(q.device)
+            return reference_attention(q, k, v, self.arch.mask, kv_pos[len(rows) - q.size(-2):],
+                                       kv_pos, dropout_p)
+        if impl == "flex":
+            return flex_attention_from_mask(q, k, v, self.arch.mask, rows)
+        return self.arch.attend(q, k, v, rows, dropout_p)

@@ -1,0 +1,55 @@
+"""The pre-norm decoder block shared by every architecture (SPEC §2).
+
+``x = x + Attn(Norm(x)); x = x + FF(Norm(x))``. When only the last ``n_query`` rows produce
+queries (PerceiverAR's layer 0, or the last layer, whose other rows nobody reads), the residual is
+those rows, ``x[:, -n_query:]``, and the block returns only them.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor, nn
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.models.attention.core import Attention
+from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.rows import Rows
+
+if TYPE_CHECKING:
+    from ecp_lm.models.archs.base import Architecture
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        hidden = cfg.ff_mult * cfg.d_model
+        self.up = nn.Linear(cfg.d_model, hidden)
+        self.act = nn.GELU()
+        self.down = nn.Linear(hidden, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.down(self.act(self.up(x))))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, arch: Architecture, rope: RotaryEmbedding | None):
+        super().__init__()
+        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn = Attention(cfg, arch, rope)
+        self.ff_norm = nn.LayerNorm(cfg.d_model)
+        self.ff = FeedForward(cfg)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def attend(self, x: Tensor, rows: Rows, n_query: int) -> tuple[Tensor, Rows]:
+        """The attention sub-layer with its residual: (B, R, d) -> (B, n_query, d)."""
+        update = self.attn(self.attn_norm(x), rows, n_query)
+        return x[:, x.size(1) - n_query:] + self.dropout(update), rows.tail(n_query)
+
+    def feed_forward(self, x: Tensor) -> Tensor:
+        return x + self.dropout(self.ff(self.ff_norm(x)))
+
+    def forward(self, x: Tensor, rows: Rows, n_query: int) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query)
+        return self.feed_forward(x), rows

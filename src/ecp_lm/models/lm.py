@@ -1,0 +1,98 @@
+"""The shared skeleton: token embedding -> L blocks -> final norm -> head (SPEC §2, §5).
+
+One ``LanguageModel`` class serves all six architectures; the ``Architecture`` object decides
+which rows each layer keeps and queries, which keys each query sees, and what is predicted.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.models.archs import ARCHITECTURES
+from ecp_lm.models.rope import RotaryEmbedding
+
+
+class LanguageModel(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.arch = ARCHITECTURES[cfg.arch](cfg)
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.dropout = nn.Dropout(cfg.dropout)
+        rope = None if cfg.rope == "none" else RotaryEmbedding(cfg.head_dim)
+        self.blocks = nn.ModuleList(
+            self.arch.make_block(i, rope if cfg.rope == "all" or i == 0 else None)
+            for i in range(cfg.n_layers))
+        self.norm = nn.LayerNorm(cfg.d_model)
+        if cfg.num_classes is None:
+            self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        else:
+            self.head = nn.Linear(cfg.d_model, cfg.num_classes)
+        self._init_weights()
+        if cfg.tie_embeddings:
+            self.head.weight = self.embed.weight
+
+    def _init_weights(self) -> None:
+        """GPT-2 style: N(0, 0.02), residual output projections scaled by 1/sqrt(2L)."""
+        residual_std = 0.02 / math.sqrt(2 * self.cfg.n_layers)
+        for name, module in self.named_modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)) and not name.endswith("compress"):
+                is_residual = name.endswith(("out_proj", "ff.down"))
+                nn.init.normal_(module.weight, 0.0, residual_std if is_residual else 0.02)
+                if getattr(module, "bias", None) is not None:
+                    nn.init.zeros_(module.bias)
+
+    def hidden_states(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) int64 -> final-normed hidden states of the predicted positions, (B, P, d)
+        (P as in ``forward``)."""
+        if tokens.dim() != 2 or tokens.dtype != torch.long:
+            raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
+                             f"{tuple(tokens.shape)} dtype {tokens.dtype}")
+        t = tokens.size(1)
+        self.arch.check_length(t)
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
+                             f"got min {lo} max {hi}")
+        rows, n_predicted = self.arch.input_rows(t), self.arch.num_predicted(t)
+        x = self.dropout(self.embed(tokens))  # (B, T, d)
+        for i, block in enumerate(self.blocks):
+            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted))
+        return self.norm(x[:, x.size(1) - n_predicted:])
+
+    def forward(self, tokens: Tensor) -> Tensor:
+        """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = T for ecp and
+        transformer and min(latent_len, T) for the perceiver family; or (B, num_classes) with a
+        classification head (over the mean hidden state of the predicted positions)."""
+        hidden = self.hidden_states(tokens)
+        if self.cfg.num_classes is not None:
+            return self.head(hidden.mean(dim=1))
+        return self.head(hidden)
+
+    def loss(self, tokens: Tensor) -> Tensor:
+        """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;
+        ``tokens`` is (B, T + 1): the inputs followed by one more target token."""
+        logits = self(tokens[:, :-1])  # (B, P, V)
+        targets = tokens[:, tokens.size(1) - logits.size(1):]  # (B, P)
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def param_groups(self, weight_decay: float) -> list[dict]:
+        """Optimizer groups: weight decay on matrix weights (linear maps, embeddings) only, not
+        on norms or biases."""
+        decay = [p for p in self.parameters() if p.dim() >= 2]
+        no_decay = [p for p in self.parameters() if p.dim() < 2]
+        return [{"params": decay, "weight_decay": weight_decay},
+                {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_model(cfg: ModelConfig) -> LanguageModel:
+    """The model for ``cfg`` (all six architectures share ``LanguageModel``)."""
+    return LanguageModel(cfg)

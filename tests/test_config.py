@@ -1,0 +1,109 @@
+"""ModelConfig validation (one test per ValueError case), YAML round-trip and presets."""
+
+import pytest
+
+from ecp_lm import PRESETS, ModelConfig
+from ecp_lm.config import ARCHS
+
+
+def raises(match: str, **fields):
+    with pytest.raises(ValueError, match=match):
+        ModelConfig(**fields)
+
+
+def test_unknown_arch():
+    raises(r"arch='mamba' is not one of", arch="mamba")
+
+
+def test_d_model_not_divisible_by_heads():
+    raises(r"d_model=66 is not divisible by n_heads=4", d_model=66, n_heads=4)
+
+
+def test_odd_head_dim_with_rope():
+    raises(r"head dimension d_model/n_heads=9 is odd", d_model=36, n_heads=4)
+    ModelConfig(d_model=36, n_heads=4, rope="none")  # fine without RoPE
+
+
+def test_seq_len_not_divisible_by_segments_for_ecp():
+    raises(r"seq_len=100 is not divisible by num_segments=8", arch="ecp", seq_len=100,
+           num_segments=8)
+    ModelConfig(arch="transformer", seq_len=100, num_segments=8)  # S unused by the transformer
+
+
+@pytest.mark.parametrize("arch", ["perceiver_ar", "double", "compressed_double", "ssplit"])
+@pytest.mark.parametrize("latent_len", [0, 64, -3])
+def test_latent_len_range(arch, latent_len):
+    raises(rf"latent_len={latent_len} is not in 1..seq_len-1=63", arch=arch, seq_len=64,
+           latent_len=latent_len, num_segments=1)
+
+
+def test_ssplit_history_not_divisible():
+    raises(r"history length seq_len-latent_len=24 is not divisible by num_segments=5",
+           arch="ssplit", seq_len=64, latent_len=40, num_segments=5)
+
+
+@pytest.mark.parametrize("p", [0, 32, 40])
+def test_compressed_len_range(p):
+    raises(rf"compressed_len={p} is not in 1..history_len-1=31", arch="compressed_double",
+           seq_len=64, compressed_len=p)
+
+
+def test_compressed_double_needs_two_layers():
+    raises(r"needs n_layers >= 2", arch="compressed_double", n_layers=1)
+
+
+@pytest.mark.parametrize("name", ["vocab_size", "d_model", "n_layers", "n_heads", "seq_len",
+                                  "num_segments", "ff_mult"])
+@pytest.mark.parametrize("value", [0, -1])
+def test_non_positive_sizes(name, value):
+    raises(rf"{name}={value} must be a positive integer", **{name: value})
+
+
+@pytest.mark.parametrize("p", [-0.1, 1.0, 1.5])
+def test_dropout_range(p):
+    raises(rf"dropout={p} is outside \[0, 1\)", dropout=p)
+
+
+def test_other_choices():
+    raises(r"rope='some'", rope="some")
+    raises(r"attn_impl='fast'", attn_impl="fast")
+    raises(r"num_classes=1", num_classes=1)
+    raises(r"tie_embeddings=True needs the language-model head", num_classes=10,
+           tie_embeddings=True)
+
+
+def test_defaults_resolved():
+    cfg = ModelConfig(arch="compressed_double", seq_len=64)
+    assert (cfg.latent_len, cfg.history_len, cfg.compressed_len) == (32, 32, 16)
+    assert ModelConfig(arch="ecp", seq_len=64, num_segments=4).segment_len == 16
+    assert ModelConfig(arch="ssplit", seq_len=64, num_segments=4).segment_len == 8
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_yaml_round_trip(tmp_path, arch):
+    cfg = ModelConfig(arch=arch, seq_len=64, num_segments=4, tied_kv=True, rope="first",
+                      dropout=0.1)
+    path = tmp_path / "model.yaml"
+    cfg.to_yaml(path)
+    assert ModelConfig.from_yaml(path) == cfg
+
+
+def test_yaml_unknown_field(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("arch: ecp\nwidth: 3\n")
+    with pytest.raises(ValueError, match="unknown ModelConfig field"):
+        ModelConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_presets_valid_for_every_arch(arch):
+    for name in PRESETS:
+        ModelConfig.from_preset(name, arch=arch)
+
+
+def test_paper_preset_scale():
+    cfg = ModelConfig.from_preset("paper")
+    assert (cfg.arch, cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.seq_len, cfg.num_segments) == \
+        ("ecp", 768, 12, 6, 2048, 8)
+    with pytest.raises(ValueError, match="unknown preset"):
+        ModelConfig.from_preset("huge")
