@@ -107,21 +107,27 @@ def run_complexity(args: argparse.Namespace) -> int:
 
 COMMANDS: dict[str, Command] = {
     "complexity": Command(
-        "analytic attention cost (score entries, FLOPs, ratio to full attention) per architecture",
+        "analytic attention cost per architecture: score entries, FLOPs, ratios",
         add_complexity_arguments, run_complexity),
 }
 
 
 # Entry point ------------------------------------------------------------------------------------
 def build_parser() -> argparse.ArgumentParser:
+    # The command list is written by hand: argparse's own listing of subparsers misaligns.
+    width = max(map(len, COMMANDS))
+    listing = "\n".join(f"  {name.ljust(width)}  {c.help}" for name, c in COMMANDS.items())
     parser = argparse.ArgumentParser(
-        prog="ecp", formatter_class=lambda prog: argparse.HelpFormatter(prog, max_help_position=16),
-        description="Efficient long-context autoregressive models: ECP, PerceiverAR "
-                                "and the Double Attention family on one skeleton.")
+        prog="ecp", usage="%(prog)s [-h] [--version] COMMAND ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Efficient long-context autoregressive models: ECP, PerceiverAR and the\n"
+                    "Double Attention family on one skeleton.",
+        epilog=f"commands:\n{listing}\n\nRun `ecp COMMAND --help` for a command's options.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    subparsers = parser.add_subparsers(dest="command", title="commands", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", prog=parser.prog, metavar="COMMAND",
+                                       help=argparse.SUPPRESS)
     for name, command in COMMANDS.items():
-        sub = subparsers.add_parser(name, help=command.help, description=command.help)
+        sub = subparsers.add_parser(name, description=command.help)
         command.add_arguments(sub)
         sub.set_defaults(run=command.run)
     return parser
@@ -133,7 +139,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
     except SystemExit as exit_:  # --help, --version, or a usage error argparse has printed
-        return exit_.code if isinstance(exit_.code, int) else 0 if exit_.code is None else 2
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        return 2
     if args.command is None:
         parser.print_help(sys.stderr)
         return 2

@@ -51,7 +51,7 @@ def _ecp(cfg: ModelConfig, layer: int) -> tuple[int, int]:
 
 
 def _perceiver_ar(cfg: ModelConfig, layer: int) -> tuple[int, int]:
-    l, h = cfg.latent_len, cfg.history_len
+    l, h = cfg.latent_len, cfg.history_len  # noqa: E741 (the paper's l)
     if layer == 0:  # latents against all N keys, lower-right causal
         return l * h + _triangle(l), l * cfg.seq_len
     return _triangle(l), l * l
@@ -60,7 +60,7 @@ def _perceiver_ar(cfg: ModelConfig, layer: int) -> tuple[int, int]:
 def _double_family(cfg: ModelConfig, layer: int) -> tuple[int, int]:
     """double, ssplit and compressed_double: a bidirectional history block of c rows (h, or p
     after compression) plus l latent rows that see the whole history and themselves causally."""
-    l, c = cfg.latent_len, cfg.history_len
+    l, c = cfg.latent_len, cfg.history_len  # noqa: E741 (the paper's l)
     if cfg.arch == "compressed_double" and layer > 0:
         c = cfg.compressed_len
     history = c * c

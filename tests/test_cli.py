@@ -1,0 +1,89 @@
+"""The ``ecp`` command line: help, ``ecp complexity`` table and JSON, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from ecp_lm.cli import main
+from ecp_lm.config import ARCHS
+
+
+def run_ecp(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ecp_lm", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_help_lists_commands() -> None:
+    result = run_ecp("--help")
+    assert result.returncode == 0
+    assert "complexity" in result.stdout
+
+
+def test_bad_override_is_one_line_error_in_a_subprocess() -> None:
+    result = run_ecp("complexity", "--archs", "ecp", "--num-segments", "7")
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ecp: error:")
+    assert "num_segments=7" in lines[0]
+
+
+def test_complexity_json_has_one_entry_per_arch(capsys: pytest.CaptureFixture) -> None:
+    assert main(["complexity", "--json", "--num-segments", "16"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert [entry["arch"] for entry in data] == list(ARCHS)
+    ecp = next(entry for entry in data if entry["arch"] == "ecp")
+    assert ecp["seq_len"] == 2048 and ecp["num_segments"] == 16
+    assert ecp["tile_ratio_to_full"] == pytest.approx(31 / 256, abs=1e-15)
+    assert len(ecp["entries_per_layer"]) == ecp["n_layers"] == 12
+
+
+def test_complexity_table_names_every_arch(capsys: pytest.CaptureFixture) -> None:
+    assert main(["complexity"]) == 0
+    out = capsys.readouterr().out
+    for arch in ARCHS:
+        assert arch in out
+    assert "23.4%" in out  # ECP at S = 8: 15/64 of full attention in the tile convention
+
+
+def test_overrides_and_arch_selection(capsys: pytest.CaptureFixture) -> None:
+    argv = ["complexity", "--json", "--preset", "tiny", "--archs", "double, ecp",
+            "--seq-len", "32", "--latent-len", "8", "--n-layers", "3"]
+    assert main(argv) == 0
+    double, ecp = json.loads(capsys.readouterr().out)
+    assert (double["arch"], ecp["arch"]) == ("double", "ecp")
+    assert double["latent_len"] == 8 and double["n_layers"] == 3 and ecp["seq_len"] == 32
+    assert double["entries_per_layer"][-1] == 8 * 24 + 8 * 9 // 2  # latents only: l·h + l(l+1)/2
+
+
+def test_config_file(tmp_path, capsys: pytest.CaptureFixture) -> None:
+    path = tmp_path / "model.yaml"
+    path.write_text("arch: transformer\nseq_len: 16\nn_layers: 1\nd_model: 8\nn_heads: 2\n")
+    assert main(["complexity", "--json", "--config", str(path), "--archs", "transformer"]) == 0
+    (entry,) = json.loads(capsys.readouterr().out)
+    assert entry["entries"] == 16 * 17 // 2 and entry["flops"] == 4 * 8 * entry["entries"]
+
+
+@pytest.mark.parametrize("argv", [
+    ["complexity", "--num-segments", "7"],
+    ["complexity", "--archs", "ecp,nope"],
+    ["complexity", "--preset", "huge"],
+    ["complexity", "--config", "/nonexistent/model.yaml"],
+    ["complexity", "--archs", "double", "--latent-len", "4096"],
+])
+def test_user_errors_print_one_line_and_exit_2(argv: list[str],
+                                               capsys: pytest.CaptureFixture) -> None:
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ecp: error: ")
+
+
+def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> None:
+    assert main([]) == 2
+    assert "complexity" in capsys.readouterr().err

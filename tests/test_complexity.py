@@ -1,0 +1,121 @@
+"""The closed-form attention costs equal a brute-force count of the materialised masks."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecp_lm.complexity import attention_cost, compare, format_table
+from ecp_lm.config import ARCHS, ModelConfig
+from ecp_lm.models import build_model
+from ecp_lm.models.attention import masks
+from ecp_lm.models.rows import Rows
+
+
+def brute_force_entries(cfg: ModelConfig) -> list[int]:
+    """Walk the layers as the model does and count the allowed (query, key) pairs of each."""
+    arch = build_model(cfg).arch
+    n = cfg.seq_len
+    rows, n_predicted = arch.input_rows(n), arch.num_predicted(n)
+    counts = []
+    for layer in range(cfg.n_layers):
+        n_query = arch.num_queries(layer, rows, n_predicted)
+        grid = masks.materialize(arch.mask, rows.tail(n_query).positions(), rows.positions())
+        counts.append(int(grid.sum()))
+        rows = rows.tail(n_query)
+        if cfg.arch == "compressed_double" and layer == 0:
+            h, p = cfg.history_len, cfg.compressed_len
+            rows = Rows(range(h - p, h), rows.main)
+    return counts
+
+
+SIZES = [
+    dict(seq_len=16, latent_len=8, num_segments=4, compressed_len=3, n_layers=2),
+    dict(seq_len=16, latent_len=4, num_segments=2, compressed_len=5, n_layers=3),
+    dict(seq_len=24, latent_len=12, num_segments=3, compressed_len=1, n_layers=3),
+    dict(seq_len=24, latent_len=18, num_segments=6, compressed_len=5, n_layers=2),
+    dict(seq_len=24, latent_len=21, num_segments=1, compressed_len=2, n_layers=1),
+]
+
+
+CASES = [pytest.param(arch, sizes, id=f"{arch}-" + "-".join(map(str, sizes.values())))
+         for arch in ARCHS for sizes in SIZES
+         if arch != "compressed_double" or sizes["n_layers"] >= 2]
+
+
+@pytest.mark.parametrize(("arch", "sizes"), CASES)
+def test_entries_match_materialised_masks(arch: str, sizes: dict) -> None:
+    cfg = ModelConfig(arch=arch, d_model=16, n_heads=2, **sizes)
+    cost = attention_cost(cfg)
+    assert list(cost.entries_per_layer) == brute_force_entries(cfg)
+    assert len(cost.tile_entries_per_layer) == cfg.n_layers
+    for entries, tiles in zip(cost.entries_per_layer, cost.tile_entries_per_layer, strict=True):
+        assert entries <= tiles <= cfg.seq_len ** 2
+
+
+def test_tile_entries_small_cases() -> None:
+    # N = 16, l = 8 (h = 8), S = 4, p = 3, L = 3.
+    base = dict(seq_len=16, latent_len=8, num_segments=4, compressed_len=3, n_layers=3)
+    expected = {
+        "transformer": [256, 256, 256],
+        "ecp": [7 * 16] * 3,  # (2S - 1) m², m = 4
+        "perceiver_ar": [8 * 16, 64, 64],
+        "double": [64 + 8 * 16, 64 + 8 * 16, 8 * 16],
+        "ssplit": [16 + 8 * 16, 16 + 8 * 16, 8 * 16],  # S blocks of (h/S)² = 4 · 2²
+        "compressed_double": [64 + 8 * 16, 9 + 8 * 11, 8 * 11],
+    }
+    for cost in compare(base, ARCHS):
+        assert list(cost.tile_entries_per_layer) == expected[cost.arch], cost.arch
+
+
+@pytest.mark.parametrize("segments", [4, 8, 16])
+def test_ecp_tile_ratio_is_paper_formula(segments: int) -> None:
+    cost = attention_cost(ModelConfig.from_preset("paper", arch="ecp", num_segments=segments))
+    assert cost.tile_ratio_to_full == pytest.approx((2 * segments - 1) / segments ** 2, abs=1e-15)
+
+
+def test_ecp_at_sixteen_segments_is_about_twelve_percent() -> None:
+    cost = attention_cost(ModelConfig.from_preset("paper", arch="ecp", num_segments=16))
+    assert round(cost.tile_ratio_to_full, 3) == 0.121
+
+
+def test_transformer_is_the_causal_reference() -> None:
+    cost = attention_cost(ModelConfig.from_preset("paper", arch="transformer"))
+    assert cost.ratio_to_causal == 1.0
+    assert cost.tile_ratio_to_full == 1.0
+    n = cost.seq_len
+    assert cost.ratio_to_full == pytest.approx((n + 1) / (2 * n))
+
+
+def test_ratio_ordering_and_flops() -> None:
+    costs = {c.arch: c for c in compare(ModelConfig.from_preset("paper", num_segments=16), ARCHS)}
+    ecp, full = costs["ecp"], costs["transformer"]
+    assert ecp.entries < full.entries and ecp.tile_ratio_to_full < full.tile_ratio_to_full
+    # PerceiverAR queries only its latents; double adds a bidirectional h² history per layer.
+    assert costs["perceiver_ar"].entries < costs["ssplit"].entries < costs["double"].entries
+    assert costs["compressed_double"].entries < costs["double"].entries
+    assert ecp.flops == 4 * ecp.d_model * ecp.entries
+    assert sum(ecp.flops_per_layer) == ecp.flops
+
+
+def test_to_dict_fields() -> None:
+    data = attention_cost(ModelConfig(arch="ssplit", seq_len=16, num_segments=2)).to_dict()
+    assert data["arch"] == "ssplit" and data["num_segments"] == 2
+    assert data["compressed_len"] is None
+    assert data["entries"] == sum(data["entries_per_layer"])
+    assert data["tile_flops"] == sum(data["tile_flops_per_layer"])
+    assert data["ratio_to_full"] == data["entries"] / data["full_entries"]
+    assert data["ratio_to_causal"] == data["entries"] / data["causal_entries"]
+
+
+def test_compare_names_the_architecture_whose_constraints_fail() -> None:
+    base = ModelConfig.from_preset("paper", arch="double", num_segments=7)  # fine for double
+    with pytest.raises(ValueError, match=r"^ssplit: .*not divisible by num_segments=7"):
+        compare(base, ["transformer", "ssplit"])
+
+
+def test_format_table_lists_every_arch() -> None:
+    table = format_table(compare(ModelConfig.from_preset("tiny"), ARCHS))
+    lines = table.splitlines()
+    for arch in ARCHS:
+        assert any(line.startswith(arch + " ") for line in lines), arch
+    assert "100.0%" in table  # the transformer's ratio to causal
