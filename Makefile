@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup test lint bench-attention clean
+.PHONY: setup demo test lint bench-attention clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -14,6 +14,9 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
 	$(BIN)/pip install --quiet -e '.[dev]'
+
+demo: setup
+	$(BIN)/ecp complexity --preset paper
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
