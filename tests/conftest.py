@@ -1,44 +1,15 @@
-"""Shared helpers: tiny float32 models with weights large enough that attention is sharp, so a
-wrong mask shows up as a large difference rather than one hidden by near-uniform attention."""
+"""Shared fixtures. Tests never reach a model or dataset hub."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
-import torch
 
-from ecp_lm import ModelConfig, build_model
 from ecp_lm.config import ARCHS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-
-# N = 32, l = 16 (h = 16), S = 4: ECP m = 8, s-Split history segments of 4, compressed p = 8.
-TINY = dict(vocab_size=50, d_model=32, n_layers=2, n_heads=2, seq_len=32, num_segments=4)
-
-
-def tiny_config(arch: str, **overrides) -> ModelConfig:
-    return ModelConfig(arch=arch, **{**TINY, **overrides})
-
-
-def sharpen(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
-    """Re-initialise every weight at unit gain (biases and norms random too)."""
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            fan_in = p.shape[-1] if p.dim() >= 2 else 1
-            p.copy_(torch.randn(p.shape, generator=gen) / fan_in ** 0.5)
-    return model
-
-
-def sharp_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
-    torch.manual_seed(seed)
-    return sharpen(build_model(tiny_config(arch, **overrides)), seed).eval()
-
-
-def random_tokens(batch: int, length: int, vocab: int = TINY["vocab_size"], seed: int = 0):
-    return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
 
 
 @pytest.fixture(params=ARCHS)

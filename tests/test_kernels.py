@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from conftest import random_tokens, sharp_model
+from helpers import random_tokens, sharp_model
 
 # N = 32, m = N/S = 8: T in {1, m-1, m, m+1, N-1, N}, and 2N + 3 for ECP.
 LENGTHS = [1, 7, 8, 9, 31, 32]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from conftest import TINY, random_tokens, sharp_model
 from ecp_lm import build_model
+from helpers import TINY, random_tokens, sharp_model
 
 N, L, M = TINY["seq_len"], TINY["n_layers"], TINY["seq_len"] // TINY["num_segments"]
 

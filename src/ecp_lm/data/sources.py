@@ -1,0 +1,237 @@
+"""Text sources in their standard on-disk layouts (SPEC §7), streamed as raw bytes.
+
+Every source yields, per split (``train``, ``valid``, ``test``), a stream of byte chunks cut at
+line ends, so that nothing (PG-19 is ~11 GB) is ever loaded whole, and has an identity: the files
+it reads with their sizes and a content hash, used to tell whether a token cache is stale.
+"""
+
+from __future__ import annotations
+
+import bz2
+import hashlib
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+from ecp_lm.data.fetch import ENWIKI_MINI, cache_root, fetch
+
+SPLITS = ("train", "valid", "test")
+CHUNK_BYTES = 1 << 20
+FULL_HASH_LIMIT = 1 << 30  # sources up to 1 GiB are hashed by content, larger ones by stat
+
+
+class TextSource:
+    """A corpus: for each split, a list of (file, start, stop) byte ranges read in order."""
+
+    name: str
+
+    def ranges(self, split: str) -> list[tuple[Path, int, int]]:
+        raise NotImplementedError
+
+    def split_bytes(self, split: str) -> int:
+        return sum(stop - start for _, start, stop in self.ranges(split))
+
+    def chunks(self, split: str, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+        """The split's bytes in chunks of about ``chunk_bytes``, each ending at a line end
+        (except a range's last chunk). Chunks never span two files."""
+        for path, start, stop in self.ranges(split):
+            with open(path, "rb") as f:
+                f.seek(start)
+                left, carry = stop - start, b""
+                while left > 0:
+                    data = f.read(min(chunk_bytes, left))
+                    if not data:
+                        raise ValueError(f"{path} shrank while being read")
+                    block = carry + data
+                    left = stop - f.tell()
+                    cut = block.rfind(b"\n") + 1 if left > 0 else len(block)
+                    if cut == 0:  # no line end yet: keep reading
+                        carry = block
+                        continue
+                    carry = block[cut:]
+                    yield block[:cut]
+                if carry:
+                    yield carry
+
+    def identity(self) -> dict:
+        """Files, sizes and a hash: content sha256 up to 1 GiB, else path/size/mtime."""
+        files = sorted({path for split in SPLITS for path, _, _ in self.ranges(split)})
+        stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+        digest = hashlib.sha256(repr([(p.name, size) for p, (_, size, _) in
+                                      zip(files, stats, strict=True)]).encode())
+        if sum(size for _, size, _ in stats) <= FULL_HASH_LIMIT:
+            for path in files:
+                with open(path, "rb") as f:
+                    while block := f.read(CHUNK_BYTES):
+                        digest.update(block)
+            method = "content"
+        else:
+            digest.update(repr(stats).encode())
+            method = "stat"
+        ranges = {s: [(str(p), a, b) for p, a, b in self.ranges(s)] for s in SPLITS}
+        return {"source": self.name, "hash": digest.hexdigest(), "hash_method": method,
+                "files": len(files), "ranges": ranges if len(files) <= 16 else None}
+
+
+def _require_dir(path: Path, what: str) -> Path:
+    if not path.is_dir():
+        raise ValueError(f"{what}: folder {path} does not exist")
+    return path
+
+
+def _require_file(path: Path, what: str) -> Path:
+    if not path.is_file():
+        raise ValueError(f"{what}: file {path} does not exist")
+    return path
+
+
+def _whole(path: Path) -> tuple[Path, int, int]:
+    return path, 0, path.stat().st_size
+
+
+def _fraction_ranges(files: Sequence[Path], fractions: Sequence[float]) -> dict[str, list]:
+    """Split the concatenation of ``files`` by byte fractions into train/valid/test ranges."""
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"split fractions {list(fractions)} must be three non-negative numbers "
+                         f"summing to 1")
+    sizes = [p.stat().st_size for p in files]
+    total = sum(sizes)
+    bounds = [0, round(total * fractions[0]), round(total * (fractions[0] + fractions[1])), total]
+    out: dict[str, list] = {}
+    for split, lo, hi in zip(SPLITS, bounds, bounds[1:], strict=False):
+        parts, offset = [], 0
+        for path, size in zip(files, sizes, strict=True):
+            a, b = max(lo - offset, 0), min(hi - offset, size)
+            if a < b:
+                parts.append((path, a, b))
+            offset += size
+        out[split] = parts
+    return out
+
+
+class WikiText103(TextSource):
+    """A folder with ``wiki.{train,valid,test}.tokens`` (word level) or the ``.raw`` files."""
+
+    name = "wikitext103"
+
+    def __init__(self, path: str | Path, variant: str | None = None):
+        self.path = _require_dir(Path(path), "wikitext103")
+        if variant is None:
+            variant = "tokens" if (self.path / "wiki.train.tokens").exists() else "raw"
+        if variant not in ("tokens", "raw"):
+            raise ValueError(f"wikitext103 variant={variant!r} is not 'tokens' or 'raw'")
+        self.files = {s: _require_file(self.path / f"wiki.{s}.{variant}", "wikitext103")
+                      for s in SPLITS}
+
+    def ranges(self, split: str) -> list[tuple[Path, int, int]]:
+        return [_whole(self.files[split])]
+
+
+PG19_FOLDERS = {"train": "train", "valid": "validation", "test": "test"}
+
+
+class PG19(TextSource):
+    """A folder with ``train/``, ``validation/`` and ``test/`` folders of book ``.txt`` files,
+    read book by book."""
+
+    name = "pg19"
+
+    def __init__(self, path: str | Path):
+        self.path = _require_dir(Path(path), "pg19")
+        self.books: dict[str, list[Path]] = {}
+        for split, folder in PG19_FOLDERS.items():
+            books = sorted(_require_dir(self.path / folder, f"pg19 {split} split").glob("*.txt"))
+            if not books:
+                raise ValueError(f"pg19: {self.path / folder} holds no .txt books")
+            self.books[split] = books
+
+    def ranges(self, split: str) -> list[tuple[Path, int, int]]:
+        return [_whole(book) for book in self.books[split]]
+
+
+class Enwik8(TextSource):
+    """One file split by bytes 90% / 5% / 5% (for enwik8 itself: 90M / 5M / 5M)."""
+
+    name = "enwik8"
+
+    def __init__(self, path: str | Path):
+        self.file = _require_file(Path(path), self.name)
+        self.split_ranges = _fraction_ranges([self.file], (0.9, 0.05, 0.05))
+
+    def ranges(self, split: str) -> list[tuple[Path, int, int]]:
+        return self.split_ranges[split]
+
+
+class TextFiles(TextSource):
+    """Any text files: one file or folder per split, or files/folders split by byte fractions."""
+
+    name = "text"
+
+    def __init__(self, paths: Sequence[str | Path] = (), splits: dict[str, str | Path] | None =
+                 None, fractions: Sequence[float] = (0.9, 0.05, 0.05)):
+        if splits:
+            missing = [s for s in SPLITS if s not in splits]
+            if missing:
+                raise ValueError(f"text: no file given for split(s) {', '.join(missing)}")
+            self.split_ranges = {s: [_whole(p) for p in _expand(splits[s])] for s in SPLITS}
+        else:
+            files = [p for path in paths for p in _expand(path)]
+            if not files:
+                raise ValueError("text: give --path FILE_OR_FOLDER (or one file per split)")
+            self.split_ranges = _fraction_ranges(files, fractions)
+
+    def ranges(self, split: str) -> list[tuple[Path, int, int]]:
+        return self.split_ranges[split]
+
+
+def _expand(path: str | Path) -> list[Path]:
+    """A file, or the files below a folder in sorted order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise ValueError(f"text: folder {path} holds no files")
+        return files
+    return [_require_file(path, "text")]
+
+
+class EnwikiMini(Enwik8):
+    """The 6 MB English-Wikipedia XML excerpt shipped in the gensim 4.4.0 wheel (enwik8's
+    format), fetched once with pip, verified by sha256, decompressed into the user cache."""
+
+    name = "enwiki-mini"
+
+    def __init__(self, cache: Path | None = None):
+        archive = fetch(ENWIKI_MINI, cache)
+        xml = archive.with_suffix(".xml")
+        if not xml.exists():
+            partial = xml.with_name(xml.name + f".tmp-{os.getpid()}")
+            partial.write_bytes(bz2.decompress(archive.read_bytes()))
+            os.replace(partial, xml)
+        super().__init__(xml)
+
+
+SOURCES = ("wikitext103", "pg19", "enwik8", "text", "enwiki-mini")
+
+
+def open_source(name: str, path: str | Path | None = None, *,
+                paths: Sequence[str | Path] = (), splits: dict[str, str | Path] | None = None,
+                fractions: Sequence[float] = (0.9, 0.05, 0.05), variant: str | None = None,
+                cache: Path | None = None) -> TextSource:
+    """A source by name. ``paths``, ``splits`` and ``fractions`` are for ``text``; ``variant``
+    (tokens / raw) for ``wikitext103``; ``cache`` (the download folder) for ``enwiki-mini``."""
+    if name == "enwiki-mini":
+        return EnwikiMini(cache)
+    if name == "text":
+        return TextFiles([*paths, *([path] if path else [])], splits, fractions)
+    if name not in SOURCES:
+        raise ValueError(f"unknown source {name!r}; sources: {', '.join(SOURCES)}")
+    if path is None:
+        raise ValueError(f"source {name} needs --path")
+    if name == "wikitext103":
+        return WikiText103(path, variant)
+    return PG19(path) if name == "pg19" else Enwik8(path)
+
+
+def default_cache_dir(source: TextSource, tokenizer_key: str) -> Path:
+    return cache_root() / "tokens" / f"{source.name}-{tokenizer_key}"
