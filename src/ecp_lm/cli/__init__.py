@@ -1,0 +1,71 @@
+"""The ``ecp`` command line: argument parsing and dispatch only.
+
+Each subcommand is a ``Command``: a one-line description, a function that adds its arguments to
+its parser, and a function that runs it from the parsed arguments and returns an exit code. The
+work itself lives in library modules (``ecp_lm.complexity``, ...). Errors a user can act on
+(``ValueError``, unreadable files) print one line, ``ecp: error: ...``, and exit with code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+
+import yaml
+
+from ecp_lm import __version__
+from ecp_lm.cli import complexity, data
+from ecp_lm.cli.base import Command
+from ecp_lm.data.fetch import FetchError
+
+USER_ERRORS = (ValueError, OSError, yaml.YAMLError, FetchError)
+
+COMMANDS: dict[str, Command] = {
+    "complexity": complexity.COMMAND,
+    "data": data.COMMAND,
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The command list is written by hand: argparse's own listing of subparsers misaligns.
+    width = max(map(len, COMMANDS))
+    listing = "\n".join(f"  {name.ljust(width)}  {c.help}" for name, c in COMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog="ecp", usage="%(prog)s [-h] [--version] COMMAND ...",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Efficient long-context autoregressive models: ECP, PerceiverAR and the\n"
+                    "Double Attention family on one skeleton.",
+        epilog=f"commands:\n{listing}\n\nRun `ecp COMMAND --help` for a command's options.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    subparsers = parser.add_subparsers(dest="command", prog=parser.prog, metavar="COMMAND",
+                                       help=argparse.SUPPRESS)
+    for name, command in COMMANDS.items():
+        sub = subparsers.add_parser(name, description=command.help)
+        command.add_arguments(sub)
+        sub.set_defaults(run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``ecp`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:  # --help, --version, or a usage error argparse has printed
+        if exit_.code is None or isinstance(exit_.code, int):
+            return exit_.code or 0
+        return 2
+    if args.command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except USER_ERRORS as err:
+        message = " ".join(str(err).split())
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return 2
