@@ -32,3 +32,32 @@ def sharp_model(arch: str, seed: int = 0, **overrides) -> torch.nn.Module:
 
 def random_tokens(batch: int, length: int, vocab: int = TINY["vocab_size"], seed: int = 0):
     return torch.randint(0, vocab, (batch, length), generator=torch.Generator().manual_seed(seed))
+
+
+def write_corpus(path, n_lines: int = 600, seed: int = 0):
+    """A deterministic English-like text file (about 30 KB) for training tests."""
+    import random
+
+    words = ("the model reads a long context and predicts what comes next while segments "
+             "pass information upward through the layers of attention").split()
+    rng = random.Random(seed)
+    lines = (" ".join(rng.choice(words) for _ in range(rng.randint(4, 12))) for _ in
+             range(n_lines))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def tiny_run_config(tmp_path, arch: str = "ecp", overrides=(), **train):
+    """A RunConfig that trains a tiny byte-level model on a generated corpus, offline."""
+    from ecp_lm.runconfig import RunConfig
+
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        write_corpus(corpus)
+    data = {"model": {**TINY, "vocab_size": 256, "arch": arch},
+            "data": {"source": "text", "path": str(corpus), "tokenizer": "bytes",
+                     "cache_dir": str(tmp_path / "cache")},
+            "train": {"steps": 4, "batch_size": 2, "warmup_steps": 1, "eval_every": 2,
+                      "checkpoint_every": 2, "log_every": 1, "eval_max_tokens": 300,
+                      "eval_batch_size": 4, **train}}
+    return RunConfig.from_dict(data, list(overrides))

@@ -16,15 +16,19 @@ from collections.abc import Sequence
 import yaml
 
 from ecp_lm import __version__
-from ecp_lm.cli import complexity, data
+from ecp_lm.cli import complexity, data, demo, evaluate, plot, train
 from ecp_lm.cli.base import Command
 from ecp_lm.data.fetch import FetchError
 
 USER_ERRORS = (ValueError, OSError, yaml.YAMLError, FetchError)
 
 COMMANDS: dict[str, Command] = {
-    "complexity": complexity.COMMAND,
     "data": data.COMMAND,
+    "train": train.COMMAND,
+    "eval": evaluate.COMMAND,
+    "plot": plot.COMMAND,
+    "complexity": complexity.COMMAND,
+    "demo": demo.COMMAND,
 }
 
 

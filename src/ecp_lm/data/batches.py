@@ -18,51 +18,71 @@ import numpy as np
 import torch
 
 
+class EpochSampler:
+    """Item indices per (step, rank): every epoch visits all ``num_items`` once in a seeded order,
+    ``batch_size`` items per rank per step; rank r of ``world_size`` takes the r-th slice of each
+    step's ``batch_size * world_size`` items, so ranks never share an item within an epoch."""
+
+    def __init__(self, num_items: int, batch_size: int, seed: int = 0, rank: int = 0,
+                 world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank={rank} is outside 0..world_size-1={world_size - 1}")
+        if batch_size < 1 or num_items < 1:
+            raise ValueError(f"batch_size={batch_size} and num_items={num_items} must be "
+                             f"positive")
+        self.num_items, self.batch_size = num_items, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self._orders: dict[int, np.ndarray] = {}
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The epoch's visiting order (kept for the current and previous epoch)."""
+        if epoch not in self._orders:
+            self._orders = {e: v for e, v in self._orders.items() if e == epoch - 1}
+            self._orders[epoch] = np.random.default_rng([self.seed, epoch]).permutation(
+                self.num_items)
+        return self._orders[epoch]
+
+    def indices(self, step: int) -> tuple[np.ndarray, np.ndarray]:
+        """(epoch, item index) of each of this rank's ``batch_size`` items at ``step``."""
+        first = (step * self.world_size + self.rank) * self.batch_size
+        flat = np.arange(first, first + self.batch_size)
+        epochs = flat // self.num_items
+        items = np.array([self.order(e)[i] for e, i in zip(epochs, flat % self.num_items,
+                                                           strict=True)])
+        return epochs, items
+
+    def epochs_done(self, steps: int) -> float:
+        return steps * self.batch_size * self.world_size / self.num_items
+
+
 class TrainWindows:
     """``batch(step)`` -> (batch_size, N + 1) int64 tokens for this rank."""
 
     def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int = 0,
                  rank: int = 0, world_size: int = 1):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank={rank} is outside 0..world_size-1={world_size - 1}")
-        if batch_size < 1 or seq_len < 1:
-            raise ValueError(f"batch_size={batch_size} and seq_len={seq_len} must be positive")
-        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
-        self.seed, self.rank, self.world_size = seed, rank, world_size
-        self.num_windows = (len(tokens) - 1) // seq_len
-        if self.num_windows < 1:
+        if seq_len < 1:
+            raise ValueError(f"seq_len={seq_len} must be positive")
+        self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
+        num_windows = (len(tokens) - 1) // seq_len
+        if num_windows < 1:
             raise ValueError(f"{len(tokens)} tokens are fewer than one training window of "
                              f"seq_len+1={seq_len + 1}")
-        self._slack = len(tokens) - 1 - self.num_windows * seq_len  # room for the epoch offset
-        self._epochs: dict[int, tuple[int, np.ndarray]] = {}
+        self.sampler = EpochSampler(num_windows, batch_size, seed, rank, world_size)
+        self._slack = len(tokens) - 1 - num_windows * seq_len  # room for the epoch offset
 
-    def _epoch(self, epoch: int) -> tuple[int, np.ndarray]:
-        """The epoch's window offset and visiting order (a batch spans at most two epochs)."""
-        if epoch not in self._epochs:
-            rng = np.random.default_rng([self.seed, epoch])
-            offset = int(rng.integers(0, self._slack + 1))
-            self._epochs = {e: v for e, v in self._epochs.items() if e == epoch - 1}
-            self._epochs[epoch] = offset, rng.permutation(self.num_windows)
-        return self._epochs[epoch]
+    def _offset(self, epoch: int) -> int:
+        return int(np.random.default_rng([self.seed, epoch, 1]).integers(0, self._slack + 1))
 
     def starts(self, step: int) -> np.ndarray:
         """Start offsets of this rank's windows at ``step``."""
-        per_step = self.batch_size * self.world_size
-        first = step * per_step + self.rank * self.batch_size
-        out = np.empty(self.batch_size, dtype=np.int64)
-        for i, g in enumerate(range(first, first + self.batch_size)):
-            offset, order = self._epoch(g // self.num_windows)
-            out[i] = offset + order[g % self.num_windows] * self.seq_len
-        return out
+        epochs, items = self.sampler.indices(step)
+        offsets = np.array([self._offset(e) for e in epochs])
+        return offsets + items * self.seq_len
 
     def batch(self, step: int) -> torch.Tensor:
         n = self.seq_len + 1
         rows = [np.asarray(self.tokens[s:s + n], dtype=np.int64) for s in self.starts(step)]
         return torch.from_numpy(np.stack(rows))
-
-    def epoch_of(self, step: int) -> float:
-        """Epochs completed (fractional) after ``step`` steps."""
-        return step * self.batch_size * self.world_size / self.num_windows
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,7 @@ interrupted prepare leaves nothing that a later run accepts.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,8 +19,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir
+from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir, open_source
 from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
+from ecp_lm.fsutil import atomic_directory
 
 MANIFEST = "manifest.json"
 FORMAT = "ecp-lm-token-cache/1"
@@ -57,7 +55,8 @@ class TokenCache:
         """Token ids must fit a model with ``vocab_size`` embeddings."""
         if self.vocab_size > vocab_size:
             raise ValueError(f"token cache {self.directory} has vocabulary {self.vocab_size}, "
-                             f"more than the model's vocab_size={vocab_size}")
+                             f"more than the model's vocab_size={vocab_size}; set "
+                             f"model.vocab_size={self.vocab_size}")
 
 
 def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> TokenCache:
@@ -120,17 +119,8 @@ def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096
         if (cache is not None and cache.manifest["source"]["hash"] == identity["hash"]
                 and cache.manifest["tokenizer"]["request"] == request):
             return cache
-    out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-    tmp.mkdir()
-    try:
+    with atomic_directory(out) as tmp:
         _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return open_cache(out)
 
 
@@ -187,15 +177,20 @@ def _batched(items: Iterable[bytes], n: int) -> Iterator[list[bytes]]:
         yield batch
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` with renames; the old cache is removed only afterwards."""
-    trash = None
-    if out.exists():
-        trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, trash)
-    os.replace(tmp, out)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+def open_run_cache(data: Any, model_vocab_size: int, is_main: bool = True,
+                   barrier: Callable[[], None] = lambda: None,
+                   progress: bool = True) -> TokenCache:
+    """The token cache a run's data config (``source``, ``path``, ``tokenizer``,
+    ``bpe_vocab_size``, ``cache_dir``) names: prepared by the main process first, then reused
+    by the others; its vocabulary must fit ``model_vocab_size``."""
+    source = open_source(data.source, data.path)
+    args = (source, data.tokenizer, data.bpe_vocab_size, data.cache_dir)
+    cache = prepare(*args, progress=progress) if is_main else None
+    barrier()
+    if cache is None:
+        cache = prepare(*args, progress=False)
+    cache.check_vocab(model_vocab_size)
+    return cache
 
 
 def describe(cache: TokenCache) -> str:

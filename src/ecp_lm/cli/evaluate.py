@@ -1,0 +1,54 @@
+"""``ecp eval``: score a checkpoint with the SPEC §6 protocol."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from ecp_lm.cli.base import Command
+
+REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl_word",
+          "examples", "accuracy")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, metavar="DIR",
+                        help="a checkpoint folder, or a run folder (its best/ checkpoint, else "
+                             "latest/)")
+    parser.add_argument("--split", default="valid", choices=("valid", "test", "train"),
+                        help="split to score; select models on valid, report test "
+                             "(default: %(default)s)")
+    parser.add_argument("--stride", type=int, metavar="K",
+                        help="window stride k (default min(N/2, latent_len), the same for every "
+                             "architecture at the same N): targets from index N-k+1 on are "
+                             "scored once, each with at least N-k tokens of context")
+    parser.add_argument("--batch-size", type=int, default=16, help="windows per batch")
+    parser.add_argument("--max-tokens", type=int, metavar="N",
+                        help="score only the first N tokens of the split")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--data-path", metavar="PATH",
+                        help="where the checkpoint's data source lies now, if it moved")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+
+
+def run(args: argparse.Namespace) -> int:
+    from ecp_lm.evaluate import evaluate_checkpoint
+
+    report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
+                                 args.device, args.max_tokens, args.data_path,
+                                 progress=not args.quiet)
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return 0
+    print(f"{report['arch']} {report['checkpoint']} step {report['step']} on {args.split}")
+    for key in REPORT:
+        if key in report:
+            value = report[key]
+            print(f"  {key:<14} {value:,}" if isinstance(value, int) else
+                  f"  {key:<14} {value:.6g}")
+    return 0
+
+
+COMMAND = Command("score a checkpoint: loss, perplexity, bits per byte (or accuracy)",
+                  add_arguments, run)

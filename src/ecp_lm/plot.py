@@ -1,0 +1,126 @@
+"""Learning curves from training runs.
+
+A run folder holds ``metrics.jsonl`` (one JSON object per line, appended during training, with
+``kind`` "train" or "valid") and optionally ``config.yaml`` whose ``model.arch`` names the
+architecture. Losses are in nats/token; the optional second panel shows validation bits per byte,
+the tokenizer-independent measure that lets runs with different vocabularies be compared.
+
+Resumed runs re-log some steps, so the last record of each (kind, step) wins; a crashed run may
+leave a truncated final line, which is dropped. Figures use the Agg canvas, so no display is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import yaml
+from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.ticker import EngFormatter
+
+KINDS = ("train", "valid")
+X_LABELS = {"tokens": "training tokens", "step": "optimizer step"}
+
+
+def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
+    """Train and valid records of one run, each sorted by step, the last record per step kept."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not Path(run_dir).is_dir():
+        raise ValueError(f"run folder {run_dir} does not exist")
+    if not path.is_file():
+        raise ValueError(f"{path} does not exist")
+    lines = [(n, s) for n, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
+    by_step: dict[str, dict[int, dict]] = {kind: {} for kind in KINDS}
+    for i, (lineno, text) in enumerate(lines):
+        try:
+            record = json.loads(text)
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1:  # a write cut short by a crash or a live run
+                break
+            raise ValueError(f"{path}:{lineno}: not valid JSON ({err.msg})") from None
+        if not isinstance(record, dict) or record.get("kind") not in KINDS:
+            continue
+        if not isinstance(record.get("step"), int):
+            raise ValueError(f"{path}:{lineno}: {record['kind']} record has no integer 'step'")
+        by_step[record["kind"]][record["step"]] = record
+    return {kind: [steps[s] for s in sorted(steps)] for kind, steps in by_step.items()}
+
+
+def run_label(run_dir: str | Path) -> str:
+    """``<folder name> (<arch>)`` from config.yaml's ``model.arch``, or the folder name alone."""
+    run_dir = Path(run_dir)
+    name = run_dir.resolve().name
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        return name
+    config = yaml.safe_load(config_path.read_text())
+    model = config.get("model") if isinstance(config, dict) else None
+    arch = model.get("arch") if isinstance(model, dict) else None
+    return f"{name} ({arch})" if arch else name
+
+
+def _xy(records: list[dict], x: str, y: str) -> tuple[list, list]:
+    points = [(r[x], r[y]) for r in records if r.get(x) is not None and r.get(y) is not None]
+    return [p[0] for p in points], [p[1] for p in points]
+
+
+def plot_runs(
+    run_dirs: Sequence[str | Path],
+    out: str | Path,
+    x: str = "tokens",
+    title: str | None = None,
+) -> Path:
+    """Write one PNG of train/valid loss (and valid bits per byte if logged) for each run."""
+    if x not in X_LABELS:
+        raise ValueError(f"x={x!r} is not one of {sorted(X_LABELS)}")
+    if not run_dirs:
+        raise ValueError("no run folders given")
+    runs = [(run_label(d), read_metrics(d)) for d in run_dirs]
+    has_bpb = any(r.get("bits_per_byte") is not None for _, m in runs for r in m["valid"])
+
+    num_panels = 2 if has_bpb else 1
+    fig = Figure(figsize=(9, 3.8 * num_panels), layout="constrained")
+    axes = fig.subplots(num_panels, 1, sharex=True, squeeze=False)[:, 0]
+    loss_ax = axes[0]
+    for i, (_, metrics) in enumerate(runs):
+        colour = f"C{i % 10}"
+        loss_ax.plot(*_xy(metrics["train"], x, "loss"), color=colour, lw=0.8, alpha=0.7)
+        loss_ax.plot(*_xy(metrics["valid"], x, "loss"), color=colour, lw=1.5, marker="o", ms=4)
+        if has_bpb:
+            axes[1].plot(*_xy(metrics["valid"], x, "bits_per_byte"), color=colour, marker="o",
+                         ms=4, lw=1.5)
+
+    loss_ax.set_ylabel("loss (nats/token)")
+    loss_ax.set_title(title or "learning curves")
+    if has_bpb:
+        axes[1].set_ylabel("validation bits per byte")
+    axes[-1].set_xlabel(X_LABELS[x])
+    if x == "tokens":
+        axes[-1].xaxis.set_major_formatter(EngFormatter())
+    for ax in axes:
+        ax.grid(alpha=0.3)
+
+    # Colour says which run, line style says train or valid; the legend sits outside the axes.
+    handles = [Line2D([], [], color=f"C{i % 10}", lw=2) for i in range(len(runs))]
+    handles += [Line2D([], [], color="grey", lw=0.8), Line2D([], [], color="grey", marker="o")]
+    labels = [label for label, _ in runs] + ["train", "valid"]
+    fig.legend(handles, labels, loc="outside right upper", fontsize="small")
+    return _save_atomic(fig, Path(out))
+
+
+def _save_atomic(fig: Figure, out: Path) -> Path:
+    """Save to a temp file beside ``out`` and rename, so readers never see a half-written PNG."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=120)
+        os.replace(tmp, out)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return out

@@ -1,0 +1,262 @@
+"""Run configuration: model, data and training in one typed config (YAML, dotted overrides).
+
+``RunConfig`` nests ``ModelConfig`` (config.py), ``DataConfig`` and ``TrainConfig``. It is
+loaded from a named preset or a YAML file, then command-line overrides such as
+``model.d_model=128 train.lr=3e-4`` are applied; each value is parsed as YAML and checked against
+the field's type, and an unknown key or a wrong type raises ``ValueError`` naming the key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ecp_lm.config import PRESETS, ModelConfig
+
+SCHEDULES = ("cosine", "halving")
+PRECISIONS = ("auto", "fp32", "bf16")
+
+
+@dataclass
+class DataConfig:
+    """Where the tokens come from (see ``ecp data prepare``)."""
+
+    source: str = "enwiki-mini"
+    """A text source (wikitext103, pg19, enwik8, text, enwiki-mini) or a pixel dataset
+    (scifar10, scifar10-rgb, mnist-5k, digits) for sequence classification."""
+    path: str | None = None
+    """The source's folder or file."""
+    tokenizer: str = "bytes"
+    """bytes, bpe, or the path of a tokenizer.json / .tiktoken file (text sources)."""
+    bpe_vocab_size: int = 4096
+    """Vocabulary of the BPE trained on the train split (tokenizer=bpe)."""
+    cache_dir: str | None = None
+    """Token cache folder (default: the user cache)."""
+
+    def __post_init__(self) -> None:
+        if self.bpe_vocab_size <= 256:
+            raise ValueError(f"data.bpe_vocab_size={self.bpe_vocab_size} must exceed 256")
+
+
+@dataclass
+class TrainConfig:
+    """Optimiser, schedule, batching, validation and checkpointing."""
+
+    steps: int = 1000
+    """Optimiser steps."""
+    batch_size: int = 16
+    """Sequences per micro-batch per process."""
+    grad_accum: int = 1
+    """Micro-batches per optimiser step (the loss is weighted by predicted tokens)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr_ratio: float = 0.1
+    """cosine: final learning rate as a fraction of ``lr``."""
+    warmup_steps: int = 100
+    """Linear warm-up steps."""
+    schedule: str = "cosine"
+    """``cosine`` (warm-up then cosine decay) or ``halving`` (warm-up, then constant, halved
+    every ``halve_every`` steps: the research's schedule)."""
+    halve_every: int = 0
+    """halving: steps between halvings (0: never)."""
+    weight_decay: float = 0.1
+    """AdamW decay, applied to matrix weights only."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.95
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0: off)."""
+    eval_every: int = 200
+    """Validate every this many steps (and at the end)."""
+    eval_max_tokens: int | None = None
+    """Validate on the first this many tokens of the validation split (None: all of it)."""
+    eval_batch_size: int = 16
+    """Windows per evaluation batch."""
+    checkpoint_every: int = 200
+    """Write the latest checkpoint every this many steps (and at the end)."""
+    log_every: int = 10
+    """Append training metrics every this many steps."""
+    seed: int = 0
+    """Seeds initialisation, data order and dropout."""
+    compile: bool = False
+    """Wrap the model in torch.compile."""
+    precision: str = "auto"
+    """auto (bf16 autocast on CUDA, fp32 on CPU), fp32, or bf16."""
+    device: str = "auto"
+    """auto (cuda if available, else cpu), cpu, cuda, cuda:N."""
+    fsdp: bool = False
+    """Shard parameters with FSDP (fully_shard) instead of replicating them with DDP."""
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every",
+                     "log_every", "eval_batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule={self.schedule!r} is not one of "
+                             f"{', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"train.precision={self.precision!r} is not one of "
+                             f"{', '.join(PRECISIONS)}")
+        if self.lr <= 0 or self.warmup_steps < 0 or self.halve_every < 0:
+            raise ValueError(f"train.lr={self.lr}, train.warmup_steps={self.warmup_steps} and "
+                             f"train.halve_every={self.halve_every} must be positive / >= 0")
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def to_yaml(self, path: str | Path | None = None) -> str:
+        text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
+        """Build from nested fields with ``section.key=value`` overrides applied first."""
+        data = {k: dict(v or {}) for k, v in data.items()} if data else {}
+        for item in overrides:
+            key, value = _parse_override(item)
+            section, name = key
+            data.setdefault(section, {})[name] = value
+        unknown = sorted(set(data) - set(SECTION_TYPES))
+        if unknown:
+            raise ValueError(f"unknown config section(s) {', '.join(unknown)}; "
+                             f"sections: {', '.join(SECTION_TYPES)}")
+        return cls(**{name: _build_section(name, section, data.get(name, {}))
+                      for name, section in SECTION_TYPES.items()})
+
+    @classmethod
+    def load(cls, preset_or_path: str, overrides: list[str] = ()) -> RunConfig:
+        """A preset name (see ``RUN_PRESETS``) or a YAML file, with overrides."""
+        if preset_or_path in RUN_PRESETS:
+            return cls.from_dict(RUN_PRESETS[preset_or_path], overrides)
+        path = Path(preset_or_path)
+        if not path.is_file():
+            raise ValueError(f"--config {preset_or_path!r} is neither a preset "
+                             f"({', '.join(RUN_PRESETS)}) nor a YAML file")
+        data = yaml.safe_load(path.read_text())
+        if not isinstance(data, dict):
+            raise ValueError(f"{path}: expected a mapping with model/data/train sections")
+        return cls.from_dict(data, overrides)
+
+
+SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
+
+
+def _parse_override(item: str) -> tuple[tuple[str, str], Any]:
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if not sep or len(parts) != 2 or not all(parts):
+        raise ValueError(f"override {item!r} is not of the form section.key=value "
+                         f"(e.g. model.d_model=128)")
+    return (parts[0], parts[1]), yaml.safe_load(text) if text.strip() else None
+
+
+def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = {f.name for f in fields(cls)}
+    for key, value in values.items():
+        if key not in known:
+            raise ValueError(f"unknown config key {name}.{key}")
+        values[key] = _check_type(f"{name}.{key}", value, hints[key])
+    try:
+        return cls(**values)
+    except TypeError as err:  # pragma: no cover - guarded by the checks above
+        raise ValueError(f"{name}: {err}") from err
+
+
+def _check_type(key: str, value: Any, hint: Any) -> Any:
+    """``value`` if it fits ``hint`` (int, float, bool, str, or X | None), else ValueError."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if value is None and type(None) in options:
+        return None
+    for option in options:
+        if option is bool and isinstance(value, bool):
+            return value
+        if option is int and isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if option is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if option is float and isinstance(value, str):  # YAML reads 3e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        if option is str and isinstance(value, str):
+            return value
+    names = " or ".join(getattr(o, "__name__", str(o)).replace("NoneType", "null")
+                        for o in options)
+    raise ValueError(f"config key {key} expects {names}, got {value!r}")
+
+
+# Presets: model sizes from config.PRESETS plus data and schedule.
+RUN_PRESETS: dict[str, dict[str, Any]] = {
+    # Seconds: for tests and smoke runs.
+    "tiny": {
+        "model": {**PRESETS["tiny"], "arch": "ecp"},
+        "data": {"source": "enwiki-mini", "tokenizer": "bytes"},
+        "train": {"steps": 20, "batch_size": 4, "lr": 1e-3, "warmup_steps": 2,
+                  "eval_every": 10, "checkpoint_every": 10, "log_every": 5,
+                  "eval_max_tokens": 4096},
+    },
+    # The README demo: a byte-level model that trains for a few minutes on a 2-core CPU.
+    "demo": {
+        "model": {**PRESETS["small"], "arch": "ecp"},
+        "data": {"source": "enwiki-mini", "tokenizer": "bytes"},
+        "train": {"steps": 1500, "batch_size": 16, "lr": 2e-3, "warmup_steps": 50,
+                  "eval_every": 250, "checkpoint_every": 250, "log_every": 10,
+                  "eval_max_tokens": 65536},
+    },
+    # The research's scale on Wikitext-103 with a 50k BPE vocabulary (needs a GPU).
+    "paper": {
+        "model": {**PRESETS["paper"], "arch": "ecp", "vocab_size": 50257},
+        "data": {"source": "wikitext103", "tokenizer": "bpe", "bpe_vocab_size": 50257},
+        "train": {"steps": 100000, "batch_size": 8, "grad_accum": 4, "lr": 3e-4,
+                  "warmup_steps": 2000, "eval_every": 2000, "checkpoint_every": 1000,
+                  "eval_max_tokens": 1 << 20},
+    },
+}
+
+
+def field_docs(cls: type) -> dict[str, str]:
+    """The docstring under each field of a dataclass (read from its source)."""
+    import ast
+    import inspect
+    import itertools
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    body = tree.body[0].body  # type: ignore[attr-defined]
+    docs = {}
+    for node, nxt in itertools.pairwise(body):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def describe_fields() -> str:
+    """Every ``section.key``, its default and its documentation, for ``--help``."""
+    lines = []
+    for section, cls in SECTION_TYPES.items():
+        docs = field_docs(cls)
+        for f in fields(cls):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            key = f"{section}.{f.name}={default}"
+            lines.append(f"  {key:<32} {docs.get(f.name, '').replace('``', '')}")
+    return "\n".join(lines)
