@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from ecp_lm.data.batches import eval_batches, eval_windows
+from ecp_lm.data.batches import eval_windows, window_batch
 from ecp_lm.data.cache import open_cache, open_run_cache
 from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
 from ecp_lm.data.tokenizers import Tokenizer
@@ -62,21 +62,25 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
                  batch_size: int = 16, device: torch.device | str = "cpu",
                  autocast: AbstractContextManager | None = None, rank: int = 0,
                  world_size: int = 1, progress: bool = False) -> tuple[float, int]:
-    """(nll_sum in nats, tokens scored) over the stream; with ``world_size`` > 1 each rank
-    scores its share of the windows and the sums are all-reduced."""
+    """(nll_sum in nats, tokens scored) over the stream. With ``world_size`` > 1 each rank
+    scores every world_size-th batch and the sums are all-reduced; every rank runs the same
+    number of forward passes (a rank past the end repeats a batch and counts nothing), as
+    FSDP's collectives require."""
     was_training = model.training
     model.eval()
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.long, device=device)
-    total = -(-len(eval_windows(len(tokens), seq_len, stride)) // batch_size)
-    batches = eval_batches(tokens, seq_len, stride, batch_size)
-    for i, (batch, num_scored) in enumerate(tqdm(batches, total=total, desc="eval",
-                                                 disable=not progress)):
-        if i % world_size != rank:
-            continue
+    windows = eval_windows(len(tokens), seq_len, stride)
+    groups = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+    rounds = -(-len(groups) // world_size)
+    for r in tqdm(range(rounds), desc="eval", disable=not progress):
+        index = r * world_size + rank
+        batch, num_scored = window_batch(tokens, groups[min(index, len(groups) - 1)], seq_len)
         batch = batch.to(device)
         with autocast or nullcontext():
             logits = model(batch[:, :-1])  # (B, P, V)
+        if index >= len(groups):
+            continue
         p = logits.size(1)
         targets = batch[:, batch.size(1) - p:]  # (B, P)
         nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")

@@ -150,6 +150,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     tc = cfg.train
     dist = init_distributed(tc.device)
     ckpt = _check_resume(cfg, out_dir, resume)
+    dist.barrier()  # every rank has checked the folder before rank 0 writes to it
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model)
     task = make_task(cfg, dist, progress and dist.is_main)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+
+import torch
 
 from ecp_lm.cli.base import Command
 
@@ -55,6 +58,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"\necp: interrupted; the latest checkpoint is in {args.out}/latest, continue "
               f"with --resume", file=sys.stderr)
         return 130
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return 0
     best = result.best_val_loss
     print(f"trained {result.step} steps, {result.tokens_seen:,} tokens; best validation loss "
           f"{best:.4f}; checkpoints in {result.out_dir}")

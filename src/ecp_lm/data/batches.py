@@ -109,11 +109,16 @@ def eval_windows(num_tokens: int, seq_len: int, stride: int) -> list[EvalWindow]
     return windows
 
 
+def window_batch(tokens: np.ndarray, windows: list[EvalWindow], seq_len: int
+                 ) -> tuple[torch.Tensor, list[int]]:
+    """(B, N + 1) int64 windows and how many trailing targets of each to score."""
+    rows = [np.asarray(tokens[w.start:w.start + seq_len + 1], dtype=np.int64) for w in windows]
+    return torch.from_numpy(np.stack(rows)), [w.num_scored for w in windows]
+
+
 def eval_batches(tokens: np.ndarray, seq_len: int, stride: int, batch_size: int
                  ) -> Iterator[tuple[torch.Tensor, list[int]]]:
-    """(B, N + 1) int64 windows and how many trailing targets of each to score."""
+    """The evaluation stream in batches of ``batch_size`` windows."""
     windows = eval_windows(len(tokens), seq_len, stride)
     for i in range(0, len(windows), batch_size):
-        group = windows[i:i + batch_size]
-        rows = [np.asarray(tokens[w.start:w.start + seq_len + 1], dtype=np.int64) for w in group]
-        yield torch.from_numpy(np.stack(rows)), [w.num_scored for w in group]
+        yield window_batch(tokens, windows[i:i + batch_size], seq_len)

@@ -183,12 +183,15 @@ def open_run_cache(data: Any, model_vocab_size: int, is_main: bool = True,
     """The token cache a run's data config (``source``, ``path``, ``tokenizer``,
     ``bpe_vocab_size``, ``cache_dir``) names: prepared by the main process first, then reused
     by the others; its vocabulary must fit ``model_vocab_size``."""
-    source = open_source(data.source, data.path)
-    args = (source, data.tokenizer, data.bpe_vocab_size, data.cache_dir)
-    cache = prepare(*args, progress=progress) if is_main else None
+    def build(progress: bool) -> TokenCache:
+        source = open_source(data.source, data.path)  # may fetch: the main process goes first
+        return prepare(source, data.tokenizer, data.bpe_vocab_size, data.cache_dir,
+                       progress=progress)
+
+    cache = build(progress) if is_main else None
     barrier()
     if cache is None:
-        cache = prepare(*args, progress=False)
+        cache = build(progress=False)
     cache.check_vocab(model_vocab_size)
     return cache
 
