@@ -16,7 +16,7 @@ setup: $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,images]'
 
 demo: setup
-	$(BIN)/ecp complexity --preset paper
+	$(BIN)/ecp demo --out runs/demo
 
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
