@@ -1,11 +1,17 @@
 """Autoregressive sampling: greedy, temperature, top-k and top-p (nucleus), seeded.
 
-Each new token is predicted from the context the architecture can use exactly:
+Without a cache, each new token is predicted from the context the architecture can use exactly:
 - ``ecp``: the tokens from the start of segment max(0, s - L) on, where s is the segment of the
-  position being predicted; segments stay aligned to position 0, and no earlier token can reach
-  that position through L layers (SPEC §3), so the result equals a forward over everything;
+  last position (whose output predicts the next token); segments stay aligned to position 0,
+  and no earlier token can reach that position through L layers (SPEC §3), so the result
+  equals a forward over everything;
 - every other architecture: the last N tokens (a sliding window once the sequence is longer than
   the training window; the perceiver family right-aligns shorter contexts, SPEC §4).
+
+With a cache (``use_cache=True``, ecp and transformer) the prompt is prefilled once and each
+token then costs one decode step against the per-layer KV caches (models/cache.py). ECP's cache
+holds at most 2m positions, so it generates without limit in constant memory and time per token.
+The transformer's cache covers its window N; past N it slides the window as above.
 """
 
 from __future__ import annotations
@@ -22,8 +28,8 @@ def context_start(model: LanguageModel, length: int) -> int:
     """First token index the next prediction after ``length`` tokens needs."""
     cfg = model.cfg
     if cfg.arch == "ecp":
-        m = cfg.segment_len
-        return max(0, length // m - cfg.n_layers) * m  # the next position is ``length``
+        m = cfg.segment_len  # the prediction is the output at the last position, length - 1
+        return max(0, (length - 1) // m - cfg.n_layers) * m
     return max(0, length - cfg.seq_len)
 
 
@@ -69,17 +75,28 @@ def _check(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperatur
 @torch.no_grad()
 def stream(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-           eos_id: int | None = None) -> Iterator[tuple[Tensor, Tensor]]:
+           eos_id: int | None = None, use_cache: bool = True
+           ) -> Iterator[tuple[Tensor, Tensor]]:
     """Yields (next tokens (B,), their logits (B, V)) one step at a time."""
     _check(model, prompt, max_new_tokens, temperature, top_k, top_p)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)
     tokens = prompt
+    caches = model.make_caches(prompt.size(0), prompt.device) if use_cache else None
     finished = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
-    for _ in range(max_new_tokens):
-        context = tokens[:, context_start(model, tokens.size(1)):]
-        logits = model(context)[:, -1].float()  # (B, V)
+    for i in range(max_new_tokens):
+        length = tokens.size(1)
+        if caches is not None and model.arch.max_len is not None and length >= \
+                model.arch.max_len:
+            caches = None  # past the transformer's window: slide it, recomputing each step
+        if caches is None:
+            context = tokens[:, context_start(model, length):]
+            logits = model(context)[:, -1].float()  # (B, V)
+        elif i == 0:
+            logits = model.prefill(tokens, caches)[:, -1].float()
+        else:
+            logits = model.decode_one_token(tokens[:, -1:], length - 1, caches).float()
         nxt = sample(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)
@@ -92,14 +109,17 @@ def stream(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperatur
 
 def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int | None = None, eos_id: int | None = None,
+             seed: int | None = None, eos_id: int | None = None, use_cache: bool = True,
              return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """prompt (B, T) -> (B, T + n) tokens, n <= max_new_tokens (fewer when every row has
-    produced ``eos_id``); with ``return_logits`` also the step logits (B, n, V)."""
+    produced ``eos_id``); with ``return_logits`` also the step logits (B, n, V).
+
+    ``use_cache``: ecp and transformer decode one token at a time from per-layer KV caches
+    (ECP's holds at most 2m positions); the others recompute their window each step."""
     was_training = model.training
     model.eval()
     steps = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,
-                        eos_id))
+                        eos_id, use_cache))
     model.train(was_training)
     new = torch.stack([t for t, _ in steps], dim=1) if steps else prompt[:, :0]
     out = torch.cat([prompt, new], dim=1)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import yaml
 
 from ecp_lm import __version__
-from ecp_lm.cli import complexity, data, demo, evaluate, plot, train
+from ecp_lm.cli import complexity, data, demo, evaluate, generate, plot, train
 from ecp_lm.cli.base import Command
 from ecp_lm.data.fetch import FetchError
 
@@ -26,6 +26,7 @@ COMMANDS: dict[str, Command] = {
     "data": data.COMMAND,
     "train": train.COMMAND,
     "eval": evaluate.COMMAND,
+    "generate": generate.COMMAND,
     "plot": plot.COMMAND,
     "complexity": complexity.COMMAND,
     "demo": demo.COMMAND,

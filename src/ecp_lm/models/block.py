@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.attention.core import Attention
+from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
 from ecp_lm.models.rows import Rows
 
@@ -42,14 +43,16 @@ class Block(nn.Module):
         self.ff = FeedForward(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def attend(self, x: Tensor, rows: Rows, n_query: int) -> tuple[Tensor, Rows]:
+    def attend(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
+               ) -> tuple[Tensor, Rows]:
         """The attention sub-layer with its residual: (B, R, d) -> (B, n_query, d)."""
-        update = self.attn(self.attn_norm(x), rows, n_query)
+        update = self.attn(self.attn_norm(x), rows, n_query, cache)
         return x[:, x.size(1) - n_query:] + self.dropout(update), rows.tail(n_query)
 
     def feed_forward(self, x: Tensor) -> Tensor:
         return x + self.dropout(self.ff(self.ff_norm(x)))
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int) -> tuple[Tensor, Rows]:
-        x, rows = self.attend(x, rows, n_query)
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
+                ) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query, cache)
         return self.feed_forward(x), rows

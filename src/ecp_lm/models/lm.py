@@ -14,7 +14,9 @@ from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.archs import ARCHITECTURES
+from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.rows import Rows
 
 
 class LanguageModel(nn.Module):
@@ -47,22 +49,27 @@ class LanguageModel(nn.Module):
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
 
-    def hidden_states(self, tokens: Tensor) -> Tensor:
+    def hidden_states(self, tokens: Tensor, caches: list[KVCache] | None = None,
+                      start_pos: int = 0) -> Tensor:
         """tokens (B, T) int64 -> final-normed hidden states of the predicted positions, (B, P, d)
-        (P as in ``forward``)."""
+        (P as in ``forward``). With ``caches`` (ecp, transformer) the tokens take positions
+        ``start_pos`` .. and their keys/values go into the caches (see ``prefill``)."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
                              f"{tuple(tokens.shape)} dtype {tokens.dtype}")
         t = tokens.size(1)
-        self.arch.check_length(t)
+        self.arch.check_length(start_pos + t)
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= self.cfg.vocab_size:
             raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
                              f"got min {lo} max {hi}")
         rows, n_predicted = self.arch.input_rows(t), self.arch.num_predicted(t)
+        if start_pos:
+            rows = Rows.span(start_pos, start_pos + t)
         x = self.dropout(self.embed(tokens))  # (B, T, d)
         for i, block in enumerate(self.blocks):
-            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted))
+            cache = None if caches is None else caches[i]
+            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted), cache)
         return self.norm(x[:, x.size(1) - n_predicted:])
 
     def forward(self, tokens: Tensor) -> Tensor:
@@ -73,6 +80,28 @@ class LanguageModel(nn.Module):
         if self.cfg.num_classes is not None:
             return self.head(hidden.mean(dim=1))
         return self.head(hidden)
+
+    # Incremental decoding (ecp, transformer) ---------------------------------------------------
+    def make_caches(self, batch_size: int, device: torch.device | str | None = None,
+                    dtype: torch.dtype = torch.float32) -> list[KVCache] | None:
+        """One empty KV cache per layer, or None if this architecture decodes by recomputing."""
+        capacity = self.arch.cache_capacity
+        if capacity is None or self.cfg.num_classes is not None:
+            return None
+        return [KVCache(batch_size, self.cfg.n_heads, capacity, self.cfg.head_dim, dtype, device)
+                for _ in self.blocks]
+
+    def prefill(self, tokens: Tensor, caches: list[KVCache]) -> Tensor:
+        """Logits (B, T, V) of a prompt at positions 0 .. T-1, filling empty caches."""
+        if any(cache.filled for cache in caches):
+            raise ValueError("prefill needs empty caches (make_caches)")
+        return self.head(self.hidden_states(tokens, caches))
+
+    def decode_one_token(self, token: Tensor, pos: int, caches: list[KVCache]) -> Tensor:
+        """Logits (B, V) after ``token`` (B, 1) at absolute position ``pos``."""
+        if token.shape[1:] != (1,) or not caches[0].filled:
+            raise ValueError("decode_one_token takes one (B, 1) token after a prefill")
+        return self.head(self.hidden_states(token, caches, start_pos=pos))[:, -1]
 
     def loss(self, tokens: Tensor) -> Tensor:
         """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;

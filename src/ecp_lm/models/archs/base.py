@@ -29,6 +29,12 @@ class Architecture:
         """Longest accepted input (None: unbounded)."""
         return self.cfg.seq_len
 
+    @property
+    def cache_capacity(self) -> int | None:
+        """Slots of a per-layer KV cache that makes decoding exact (None: no cache; decoding
+        recomputes the window)."""
+        return None
+
     def check_length(self, t: int) -> None:
         limit = self.max_len
         if t < 1 or (limit is not None and t > limit):

@@ -26,6 +26,10 @@ class ECP(Architecture):
     def max_len(self) -> int | None:
         return None
 
+    @property
+    def cache_capacity(self) -> int:
+        return 2 * self.cfg.segment_len  # the previous segment and the current one
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
         # Every ECP position is predicted, so queries and keys are the same rows 0 .. T-1.
         assert rows.main.start == 0 and q.size(-2) == k.size(-2) == len(rows)

@@ -13,5 +13,9 @@ from ecp_lm.models.rows import Rows
 class Transformer(Architecture):
     mask = CausalMask()
 
+    @property
+    def cache_capacity(self) -> int:
+        return self.cfg.seq_len
+
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
         return causal_attention(q, k, v, dropout_p)

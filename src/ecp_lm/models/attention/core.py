@@ -12,7 +12,12 @@ import torch
 from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.attention.kernels import flex_attention_from_mask, reference_attention
+from ecp_lm.models.attention.kernels import (
+    cached_attention,
+    flex_attention_from_mask,
+    reference_attention,
+)
+from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
 from ecp_lm.models.rows import Rows
 
@@ -37,16 +42,25 @@ class Attention(nn.Module):
         b, r, _ = x.shape
         return x.view(b, r, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int) -> Tensor:
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
+                ) -> Tensor:
         """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
-        Returns (B, n_query, d)."""
+        Returns (B, n_query, d). With a ``cache``: an empty one is filled (prefill); a filled
+        one receives the new rows, which then attend over everything it holds (decode)."""
         q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
         k = self._heads(self.k_proj(x))  # (B, H, R, D)
         v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        kv_pos = rows.positions(x.device)
+        q_pos = kv_pos[len(rows) - n_query:]
         if self.rope is not None:
-            kv_pos = rows.positions(x.device)
-            q, k = self.rope(q, kv_pos[len(rows) - n_query:]), self.rope(k, kv_pos)
-        out = self._attend(q, k, v, rows)  # (B, H, Rq, D)
+            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
+        if cache is not None and cache.filled:
+            keys, values, slot_pos = cache.update(kv_pos, k, v)
+            out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
+        else:
+            if cache is not None:
+                cache.update(kv_pos, k, v)
+            out = self._attend(q, k, v, rows)  # (B, H, Rq, D)
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
 

@@ -125,6 +125,14 @@ def double_attention(q: Tensor, k: Tensor, v: Tensor, rows: Rows,
     return torch.cat(out, dim=-2)
 
 
+def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tensor,
+                     slot_pos: Tensor) -> Tensor:
+    """New queries against a cache's slots (slot position -1 = empty), masked by the predicate on
+    absolute positions: (B, H, Rq, D) x (B, H, S, D) -> (B, H, Rq, D)."""
+    allowed = (slot_pos[None, :] >= 0) & mask(q_pos[:, None], slot_pos[None, :])  # (Rq, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+
+
 # FlexAttention --------------------------------------------------------------------------------
 
 @lru_cache(maxsize=64)

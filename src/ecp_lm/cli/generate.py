@@ -1,0 +1,76 @@
+"""``ecp generate``: sample from a checkpoint, streaming text to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from ecp_lm.cli.base import Command
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--ckpt", required=True, metavar="DIR",
+                        help="a checkpoint folder, or a run folder (its best/, else latest/)")
+    prompt = parser.add_mutually_exclusive_group(required=True)
+    prompt.add_argument("--prompt", metavar="TEXT", help="the text to continue")
+    prompt.add_argument("--prompt-file", metavar="FILE", help="read the prompt from a file")
+    parser.add_argument("--max-new-tokens", type=int, default=200,
+                        help="tokens to generate (default: %(default)s)")
+    parser.add_argument("--temperature", type=float, default=0.8,
+                        help="0 = greedy; higher = more random (default: %(default)s)")
+    parser.add_argument("--top-k", type=int, help="sample among the k most likely tokens")
+    parser.add_argument("--top-p", type=float,
+                        help="sample among the smallest set of tokens whose mass reaches p")
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--eos", metavar="TEXT",
+                        help="stop when this text (one token) is generated")
+    parser.add_argument("--no-cache", action="store_true",
+                        help="recompute the context for every token instead of using KV caches")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ecp_lm.checkpoint import read_checkpoint
+    from ecp_lm.generate import stream
+
+    ckpt = read_checkpoint(args.ckpt)
+    tokenizer = ckpt.tokenizer()
+    text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
+    ids = tokenizer.encode(text)
+    if len(ids) == 0:
+        raise ValueError("the prompt is empty")
+    eos_id = None
+    if args.eos is not None:
+        eos = tokenizer.encode(args.eos)
+        if len(eos) != 1:
+            raise ValueError(f"--eos {args.eos!r} is {len(eos)} tokens, not one")
+        eos_id = int(eos[0])
+    model = ckpt.load_model(args.device)
+    prompt = torch.as_tensor(ids, dtype=torch.long, device=args.device)[None]
+    sys.stdout.write(text)
+    sys.stdout.flush()
+    new: list[int] = []
+    printed = ""
+    start = time.perf_counter()
+    for token, _ in stream(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                           args.top_p, args.seed, eos_id, use_cache=not args.no_cache):
+        new.append(int(token[0]))
+        decoded = tokenizer.decode(new)
+        if decoded.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+            continue
+        sys.stdout.write(decoded[len(printed):])
+        sys.stdout.flush()
+        printed = decoded
+    seconds = time.perf_counter() - start
+    sys.stdout.write(tokenizer.decode(new)[len(printed):] + "\n")
+    print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / max(seconds, 1e-9):.1f} "
+          f"tokens/s, {'no cache' if args.no_cache else 'cached'}]", file=sys.stderr)
+    return 0
+
+
+COMMAND = Command("sample text from a checkpoint, streamed as it is produced", add_arguments,
+                  run)

@@ -1,0 +1,53 @@
+"""Key/value caches for incremental decoding: one small module per layer.
+
+A cache is a ring of ``capacity`` preallocated slots; ``update(input_pos, k, v)`` writes each
+position into slot ``pos % capacity`` and records which absolute position every slot holds, so
+the decode step attends over the slots with the architecture's own mask predicate (on absolute
+positions) and nothing else: exact by construction.
+
+- transformer: capacity N, a plain cache of the whole window;
+- ecp: capacity 2m. The next position p (segment s = p // m) sees segment s - 1 and its own
+  segment up to p, at most 2m positions, and those are exactly the last 2m written; older slots
+  are overwritten. Memory and work per token stay O(L·2m·d) however long the generation runs.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+
+class KVCache(nn.Module):
+    def __init__(self, batch_size: int, n_heads: int, capacity: int, head_dim: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__()
+        shape = (batch_size, n_heads, capacity, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device),
+                             persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device),
+                             persistent=False)
+        # Absolute position held by each slot; -1 = empty.
+        self.register_buffer("pos", torch.full((capacity,), -1, dtype=torch.long, device=device),
+                             persistent=False)
+        self.capacity = capacity
+
+    @property
+    def filled(self) -> int:
+        return int((self.pos >= 0).sum())
+
+    def nbytes(self, used_only: bool = False) -> int:
+        """Bytes of the key and value buffers (only the filled slots if ``used_only``)."""
+        slots = self.filled if used_only else self.capacity
+        return 2 * self.k[:, :, :slots].numel() * self.k.element_size()
+
+    def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,); keeps the last
+        ``capacity`` of them. Returns the whole buffers and their slot positions."""
+        if input_pos.numel() > self.capacity:
+            input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],
+                               v[:, :, -self.capacity:])
+        slots = input_pos % self.capacity
+        self.k[:, :, slots] = k.to(self.k.dtype)
+        self.v[:, :, slots] = v.to(self.v.dtype)
+        self.pos[slots] = input_pos
+        return self.k, self.v, self.pos
