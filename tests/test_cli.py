@@ -87,3 +87,15 @@ def test_user_errors_print_one_line_and_exit_2(argv: list[str],
 def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> None:
     assert main([]) == 2
     assert "complexity" in capsys.readouterr().err
+
+
+def test_plot_command(tmp_path, capsys):
+    from ecp_lm.cli import main as cli_main
+    from ecp_lm.train import train
+    from helpers import tiny_run_config
+
+    train(tiny_run_config(tmp_path, steps=2), tmp_path / "run", progress=False)
+    out = tmp_path / "curves.png"
+    assert cli_main(["plot", str(tmp_path / "run"), "--out", str(out)]) == 0
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    assert cli_main(["plot", str(tmp_path / "missing")]) == 2

@@ -67,3 +67,18 @@ def test_mnist_5k(tmp_path, monkeypatch):
     sizes = {s: len(y) for s, (_, y) in data.splits.items()}
     assert sizes == {"train": 3500, "valid": 500, "test": 1000}
     assert data.seq_len == 784 and data.splits["train"][0].max() == 255
+
+
+def test_demo_end_to_end(tmp_path, capsys):
+    """`ecp demo` on enwiki-mini with a few steps: both runs, the table, a sample, the PNG."""
+    from ecp_lm.demo import format_result, run_demo
+
+    fetched(lambda: open_source("enwiki-mini"))
+    result = run_demo(tmp_path / "demo", steps=3, progress=False)
+    assert [r["arch"] for r in result["rows"]] == ["ecp", "perceiver_ar"]
+    assert result["rows"][0]["params"] == result["rows"][1]["params"]
+    assert result["rows"][0]["tokens_scored"] == result["rows"][1]["tokens_scored"]
+    assert (tmp_path / "demo" / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert "bits/byte" in format_result(result) and result["sample"]
+    again = run_demo(tmp_path / "demo", steps=3, progress=False)  # resumes: nothing to train
+    assert [r["train_seconds"] for r in again["rows"]] == [0.0, 0.0]

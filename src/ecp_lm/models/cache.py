@@ -30,10 +30,7 @@ class KVCache(nn.Module):
         self.register_buffer("pos", torch.full((capacity,), -1, dtype=torch.long, device=device),
                              persistent=False)
         self.capacity = capacity
-
-    @property
-    def filled(self) -> int:
-        return int((self.pos >= 0).sum())
+        self.filled = 0  # positions are written in order from 0: slots 0 .. filled-1 are in use
 
     def nbytes(self, used_only: bool = False) -> int:
         """Bytes of the key and value buffers (only the filled slots if ``used_only``)."""
@@ -41,8 +38,10 @@ class KVCache(nn.Module):
         return 2 * self.k[:, :, :slots].numel() * self.k.element_size()
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,); keeps the last
-        ``capacity`` of them. Returns the whole buffers and their slot positions."""
+        """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), which continue the
+        positions written before; keeps the last ``capacity``. Returns the slots in use (keys,
+        values, their positions): a plain cache grows with the sequence, a ring stops at its
+        capacity."""
         if input_pos.numel() > self.capacity:
             input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],
                                v[:, :, -self.capacity:])
@@ -50,4 +49,6 @@ class KVCache(nn.Module):
         self.k[:, :, slots] = k.to(self.k.dtype)
         self.v[:, :, slots] = v.to(self.v.dtype)
         self.pos[slots] = input_pos
-        return self.k, self.v, self.pos
+        self.filled = min(self.capacity, self.filled + input_pos.numel())
+        n = self.filled
+        return self.k[:, :, :n], self.v[:, :, :n], self.pos[:n]
