@@ -99,3 +99,26 @@ def test_plot_command(tmp_path, capsys):
     assert cli_main(["plot", str(tmp_path / "run"), "--out", str(out)]) == 0
     assert out.read_bytes()[:4] == b"\x89PNG"
     assert cli_main(["plot", str(tmp_path / "missing")]) == 2
+
+
+def test_bench_command_writes_json(tmp_path, capsys):
+    import json
+
+    from ecp_lm.cli import main as cli_main
+
+    out = tmp_path / "out.json"
+    code = cli_main(["bench", "--archs", "ecp,transformer", "--seq-lens", "256,512", "--json",
+                     str(out), "--d-model", "64", "--segment-len", "64", "--repeats", "1",
+                     "--warmup", "0"])
+    assert code == 0
+    report = json.loads(out.read_text())
+    rows = report["train"]
+    assert [(r["arch"], r["seq_len"]) for r in rows] == [
+        ("ecp", 256), ("transformer", 256), ("ecp", 512), ("transformer", 512)]
+    for r in rows:
+        assert r["tokens_per_s"] > 0 and r["peak_mib"] >= 0 and 0 <= r["attention_share"] <= 1
+        assert r["params"] == rows[1]["params"]  # equal parameter count
+    ecp = rows[2]
+    assert ecp["attention_entries_ratio"] < 1 and ecp["time_ratio_to_transformer"] > 0
+    assert "ecp" in capsys.readouterr().out
+    assert cli_main(["bench", "--archs", "ecp", "--seq-lens", "300"]) == 2  # 300 % 256 != 0

@@ -84,21 +84,56 @@ def test_dropout_train_vs_eval(arch):
 
 
 def test_ecp_kernel_has_no_quadratic_tensor(monkeypatch):
-    """The segment-pair kernel never builds a T×T score or mask: every SDPA call it makes has
-    key length at most 2m."""
+    """The segment-pair kernels never build a T×T score or mask: every attention call they make
+    has at most m queries and 2m keys."""
     import torch.nn.functional as F
 
-    from ecp_lm.models.attention import kernels
+    from ecp_lm.models.attention import kernels, segment_lse
 
     seen = []
-    real = F.scaled_dot_product_attention
+    real_sdpa, real_flash = F.scaled_dot_product_attention, segment_lse._flash
 
-    def spy(q, k, v, **kw):
+    def spy_sdpa(q, k, v, **kw):
         seen.append((q.size(-2), k.size(-2)))
-        return real(q, k, v, **kw)
+        return real_sdpa(q, k, v, **kw)
 
-    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy)
+    def spy_flash(q, k, v, *args, **kw):
+        seen.append((q.size(-2), k.size(-2)))
+        return real_flash(q, k, v, *args, **kw)
+
+    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy_sdpa)
+    monkeypatch.setattr(segment_lse, "_flash", spy_flash)
     m = 8
     q = torch.randn(1, 2, 20 * m + 3, 16)
-    kernels.segment_pair_attention(q, q, q, m)
-    assert seen and all(kv <= 2 * m and rq <= m for rq, kv in seen)
+    kernels.segment_pair_attention(q, q, q, m)  # CPU: log-sum-exp merge
+    kernels.segment_pair_attention(q, q, q, m, dropout_p=0.1)  # the (m, 2m)-mask kernel
+    assert len(seen) == 4 and all(kv <= 2 * m and rq <= m for rq, kv in seen)
+
+
+@pytest.mark.parametrize("length", [1, 8, 9, 40])
+def test_ecp_kernels_agree_with_the_dense_reference(length):
+    """Both segment-pair kernels, forward and backward, against the materialised mask."""
+    from ecp_lm.models.attention import kernels
+    from ecp_lm.models.attention.masks import SegmentPairMask
+    from ecp_lm.models.attention.segment_lse import segment_pairs_lse
+
+    m, pos = 8, torch.arange(length)
+    gen = torch.Generator().manual_seed(length)
+    q, k, v = (torch.randn(2, 3, length, 16, generator=gen, dtype=torch.float64,
+                           requires_grad=True) for _ in range(3))
+    grad = torch.randn(2, 3, length, 16, generator=gen, dtype=torch.float64)
+    ref = kernels.reference_attention(q, k, v, SegmentPairMask(m), pos, pos)
+    expected = torch.autograd.grad(ref, (q, k, v), grad)
+    pad = -length % m
+
+    def run(kernel):
+        padded = [torch.nn.functional.pad(x, (0, 0, 0, pad)).reshape(2, 3, -1, m, 16)
+                  for x in (q, k, v)]
+        out = kernel(*padded).reshape(2, 3, -1, 16)[:, :, :length]
+        return out, torch.autograd.grad(out, (q, k, v), grad)
+
+    for kernel in (segment_pairs_lse, kernels.segment_pairs_masked):
+        out, grads = run(kernel)
+        torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-8)
+        for a, b in zip(grads, expected, strict=True):
+            torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)

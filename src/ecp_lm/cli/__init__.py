@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import yaml
 
 from ecp_lm import __version__
-from ecp_lm.cli import complexity, data, demo, evaluate, generate, plot, train
+from ecp_lm.cli import bench, complexity, data, demo, evaluate, generate, plot, train
 from ecp_lm.cli.base import Command
 from ecp_lm.data.fetch import FetchError
 
@@ -29,6 +29,7 @@ COMMANDS: dict[str, Command] = {
     "generate": generate.COMMAND,
     "plot": plot.COMMAND,
     "complexity": complexity.COMMAND,
+    "bench": bench.COMMAND,
     "demo": demo.COMMAND,
 }
 

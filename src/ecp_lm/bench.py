@@ -1,0 +1,241 @@
+"""``ecp bench``: training-step speed and memory of every architecture against sequence length.
+
+For each (architecture, N) a fresh subprocess builds the model at the same size (d_model, layers,
+heads; ECP and s-Split segments of ``segment_len``), runs warm-up training steps (forward,
+backward, AdamW) and then times ``repeats`` more, keeping the median. It reports tokens/s, peak
+memory (CUDA: max allocated; CPU: growth of the resident set from just before the first step),
+the attention share of the step time (the step timed again with attention replaced by a
+pass-through of the queries: share = 1 - that time / full time), and the analytic attention
+cost from ``ecp complexity``. Ratios to the transformer compare measurements of one run.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+
+from ecp_lm.complexity import attention_cost
+from ecp_lm.config import ModelConfig
+from ecp_lm.models import build_model
+
+
+@dataclass
+class BenchSpec:
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    segment_len: int = 256
+    batch_size: int = 1
+    warmup: int = 1
+    repeats: int = 3
+    device: str = "cpu"
+
+
+def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
+    """The benchmarked size; ECP has S = N / segment_len, s-Split S = (N/2) / segment_len."""
+    span = seq_len // 2 if arch == "ssplit" else seq_len
+    if arch in ("ecp", "ssplit") and span % spec.segment_len:
+        raise ValueError(f"{arch}: {'history length ' if arch == 'ssplit' else 'seq_len='}"
+                         f"{span} is not divisible by segment_len={spec.segment_len}")
+    segments = span // spec.segment_len
+    return ModelConfig(arch=arch, vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
+                       n_heads=spec.n_heads, seq_len=seq_len, num_segments=max(1, segments))
+
+
+def _pass_through(q, k, v, rows):
+    """Attention replaced by its queries (keys and values still receive a zero gradient)."""
+    return q + (k.sum() + v.sum()) * 0.0
+
+
+def _time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
+    def sync():
+        if tokens.is_cuda:
+            torch.cuda.synchronize()
+
+    times = []
+    for i in range(spec.warmup + spec.repeats):
+        sync()
+        start = time.perf_counter()
+        model.loss(tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        sync()
+        if i >= spec.warmup:
+            times.append(time.perf_counter() - start)
+    return times
+
+
+def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
+    """One (arch, N) case in this process."""
+    torch.manual_seed(0)
+    cfg = model_config(arch, seq_len, spec)
+    device = torch.device(spec.device)
+    model = build_model(cfg).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, 256, (spec.batch_size, seq_len + 1), device=device)
+    use_bf16 = device.type == "cuda"
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+        times = _time_steps(model, optimizer, tokens, spec)
+        peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
+                else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+        for block in model.blocks:
+            block.attn._attend = _pass_through
+        bare = _time_steps(model, optimizer, tokens, spec)
+    step, step_bare = statistics.median(times), statistics.median(bare)
+    cost = attention_cost(cfg)
+    return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),
+            "step_s": step, "tokens_per_s": spec.batch_size * seq_len / step,
+            "peak_mib": peak / 2**20, "attention_s": max(step - step_bare, 0.0),
+            "attention_share": max(step - step_bare, 0.0) / step,
+            "attention_entries": cost.entries, "attention_flops": cost.flops,
+            "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times}
+
+
+def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,
+        progress: bool = True) -> list[dict[str, Any]]:
+    """Every case in its own subprocess (clean peak memory), in order."""
+    results = []
+    for seq_len in seq_lens:
+        for arch in archs:
+            if progress:
+                print(f"  bench {arch:>17} N={seq_len:>6} ...", file=sys.stderr, flush=True)
+            cmd = [sys.executable, "-m", "ecp_lm.bench", arch, str(seq_len),
+                   json.dumps(asdict(spec))]
+            done = subprocess.run(cmd, capture_output=True, text=True)
+            if done.returncode != 0:
+                tail = (done.stderr.strip().splitlines() or ["failed"])[-1]
+                raise RuntimeError(f"bench case {arch} N={seq_len} failed: {tail}")
+            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return add_ratios(results)
+
+
+def add_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Measured and analytic ratios to the transformer at the same N (when it was run)."""
+    base = {r["seq_len"]: r for r in results if r["arch"] == "transformer"}
+    for r in results:
+        t = base.get(r["seq_len"])
+        r["time_ratio_to_transformer"] = r["step_s"] / t["step_s"] if t else None
+        r["attention_time_ratio"] = (r["attention_s"] / t["attention_s"]
+                                     if t and t["attention_s"] > 0 else None)
+        r["attention_entries_ratio"] = (r["attention_entries"] / t["attention_entries"]
+                                        if t else None)
+    return results
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    def fmt(x, spec):
+        return "-" if x is None else format(x, spec)
+
+    lines = [f"{'arch':<18}{'N':>7}{'tok/s':>10}{'peak MiB':>10}{'attn share':>11}"
+             f"{'time/tfm':>10}{'attn time/tfm':>14}{'attn entries/tfm':>17}"]
+    for r in results:
+        lines.append(f"{r['arch']:<18}{r['seq_len']:>7}{r['tokens_per_s']:>10,.0f}"
+                     f"{r['peak_mib']:>10,.0f}{r['attention_share']:>11.0%}"
+                     f"{fmt(r['time_ratio_to_transformer'], '>10.3f')}"
+                     f"{fmt(r['attention_time_ratio'], '>14.3f')}"
+                     f"{fmt(r['attention_entries_ratio'], '>17.3f')}")
+    lines.append("time/tfm: training-step time / the transformer's at the same N; attn time: "
+                 "the step's attention time; attn entries: analytic unmasked score entries")
+    return "\n".join(lines)
+
+
+def plot(results: list[dict[str, Any]], out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for arch in dict.fromkeys(r["arch"] for r in results):
+        rows = [r for r in results if r["arch"] == arch]
+        x = [r["seq_len"] for r in rows]
+        ax1.plot(x, [r["tokens_per_s"] for r in rows], marker="o", label=arch)
+        ax2.plot(x, [r["peak_mib"] for r in rows], marker="o", label=arch)
+    for ax, label in ((ax1, "training tokens/s"), (ax2, "peak memory (MiB)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length N")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3, which="both")
+    ax1.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+
+
+# Decoding ----------------------------------------------------------------------------------------
+
+def decode_configs(max_len: int, steps: int, spec: BenchSpec) -> dict[str, ModelConfig]:
+    """ECP with m = segment_len (a 2m-slot cache) and a transformer whose window holds the
+    longest sequence, at the same size."""
+    size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
+                n_heads=spec.n_heads)
+    window = 8 * spec.segment_len
+    return {"ecp": ModelConfig(arch="ecp", seq_len=window, num_segments=8, **size),
+            "transformer": ModelConfig(arch="transformer", seq_len=max_len + steps, **size)}
+
+
+@torch.no_grad()
+def decode_case(model, length: int, steps: int) -> dict[str, Any]:
+    """Prefill length - 1 tokens, then the median latency of ``steps`` single-token decode
+    steps, and the bytes of the filled cache slots afterwards."""
+    device = next(model.parameters()).device
+    tokens = torch.randint(0, 256, (1, length - 1 + steps),
+                           generator=torch.Generator().manual_seed(length)).to(device)
+    caches = model.make_caches(1, device)
+    model.prefill(tokens[:, :length - 1], caches)
+    times = []
+    for i in range(steps):
+        pos = length - 1 + i
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        model.decode_one_token(tokens[:, pos:pos + 1], pos, caches)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return {"length": length, "ms_per_token": 1e3 * statistics.median(times),
+            "cache_bytes": sum(c.nbytes(used_only=True) for c in caches),
+            "cache_bytes_allocated": sum(c.nbytes() for c in caches)}
+
+
+def run_decode(lengths: list[int], steps: int, spec: BenchSpec,
+               progress: bool = True) -> dict[str, list[dict[str, Any]]]:
+    torch.manual_seed(0)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for arch, cfg in decode_configs(max(lengths), steps, spec).items():
+        model = build_model(cfg).to(spec.device).eval()
+        out[arch] = []
+        for length in lengths:
+            if progress:
+                print(f"  decode {arch:>11} L={length} ...", file=sys.stderr, flush=True)
+            out[arch].append(decode_case(model, length, steps))
+    return out
+
+
+def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
+    lines = [f"{'length':>7} {'ecp ms/tok':>11} {'tfm ms/tok':>11} {'ecp cache KiB':>14} "
+             f"{'tfm cache KiB':>14}"]
+    for e, t in zip(rows["ecp"], rows["transformer"], strict=True):
+        lines.append(f"{e['length']:>7} {e['ms_per_token']:>11.2f} {t['ms_per_token']:>11.2f} "
+                     f"{e['cache_bytes'] / 1024:>14,.0f} {t['cache_bytes'] / 1024:>14,.0f}")
+    for arch, points in rows.items():
+        ratio = points[-1]["ms_per_token"] / points[0]["ms_per_token"]
+        lines.append(f"{arch}: latency at {points[-1]['length']} / at {points[0]['length']} "
+                     f"= {ratio:.2f}")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # one case, called by run(): prints its JSON line
+    arch_, seq_len_, spec_ = sys.argv[1], int(sys.argv[2]), BenchSpec(**json.loads(sys.argv[3]))
+    print(json.dumps(run_case(arch_, seq_len_, spec_)))

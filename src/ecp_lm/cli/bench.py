@@ -1,0 +1,77 @@
+"""``ecp bench``: training-step speed and memory per architecture and length, and decoding."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+from pathlib import Path
+
+from ecp_lm.cli.base import Command
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
+            from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ecp_lm.config import ARCHS
+
+    parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
+                        help="architectures to measure (default: all six)")
+    parser.add_argument("--seq-lens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
+                        metavar="N,N,...", help="sequence lengths (default: 1024,...,16384)")
+    parser.add_argument("--d-model", type=int, default=256, help="model width (default: 256)")
+    parser.add_argument("--n-layers", type=int, default=4, help="layers (default: 4)")
+    parser.add_argument("--n-heads", type=int, default=4, help="heads (default: 4)")
+    parser.add_argument("--segment-len", type=int, default=256,
+                        help="ECP segment length m (S = N/m) and s-Split history segment "
+                             "length (default: 256)")
+    parser.add_argument("--batch-size", type=int, default=1, help="sequences per step")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed steps per case")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed steps per case; the median is kept (default: 3)")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--decode", action="store_true",
+                        help="also measure cached decoding (ECP vs transformer)")
+    parser.add_argument("--decode-lengths", type=_ints, default=[512, 2048, 8192, 16384],
+                        metavar="L,L,...", help="sequence lengths for --decode")
+    parser.add_argument("--json", type=Path, metavar="FILE", help="write all results as JSON")
+    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+                        help="plot tokens/s and peak memory against N")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ecp_lm import bench
+    from ecp_lm.cli.complexity import parse_archs
+
+    spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
+                           args.batch_size, args.warmup, args.repeats, args.device)
+    archs = parse_archs(args.archs)
+    for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
+        for arch in archs:
+            bench.model_config(arch, n, spec)
+    results = bench.run(archs, args.seq_lens, spec)
+    print(bench.format_table(results))
+    report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
+                       "threads": torch.get_num_threads(), **vars(spec)},
+              "train": results}
+    if args.decode:
+        report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
+        print(bench.format_decode(report["decode"]))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n")
+    if args.plot:
+        bench.plot(results, str(args.plot))
+    return 0
+
+
+COMMAND = Command("measure training speed and memory of each architecture against N",
+                  add_arguments, run)
