@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench-attention clean
+.PHONY: setup demo test lint bench bench-attention clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -23,6 +23,9 @@ lint: setup
 
 test: lint
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+
+bench: setup
+	$(BIN)/ecp bench --decode --json benchmarks/results/bench_cpu.json --plot benchmarks/results/bench_cpu.png
 
 bench-attention: setup
 	$(BIN)/python benchmarks/attention.py --json benchmarks/results/attention.json

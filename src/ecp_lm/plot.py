@@ -51,7 +51,8 @@ def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
 
 
 def run_label(run_dir: str | Path) -> str:
-    """``<folder name> (<arch>)`` from config.yaml's ``model.arch``, or the folder name alone."""
+    """``<folder name> (<arch>)`` from config.yaml's ``model.arch``, or the folder name alone
+    (also when it already is the architecture's name)."""
     run_dir = Path(run_dir)
     name = run_dir.resolve().name
     config_path = run_dir / "config.yaml"
@@ -60,7 +61,7 @@ def run_label(run_dir: str | Path) -> str:
     config = yaml.safe_load(config_path.read_text())
     model = config.get("model") if isinstance(config, dict) else None
     arch = model.get("arch") if isinstance(model, dict) else None
-    return f"{name} ({arch})" if arch else name
+    return f"{name} ({arch})" if arch and arch != name else name
 
 
 def _xy(records: list[dict], x: str, y: str) -> tuple[list, list]:
