@@ -1,0 +1,1 @@
+"""Experiments that re-measure the research's claims (issue: evidence at small scale)."""
