@@ -1,0 +1,245 @@
+"""The study: all six architectures under one protocol, ECP ablations and the recall probe.
+
+    python -m ecp_lm.experiments.study --budget tiny|small --out DIR
+
+Every architecture gets the same data, the same N, the same number of training tokens, the same
+optimiser and schedule and matched parameter counts; checkpoints are selected on the validation
+split and scored once on the test split with the same stride (SPEC §6). Each entry writes
+``DIR/<entry>/result.json`` when it completes, so an interrupted study resumes where it stopped;
+``DIR/results.json``, ``DIR/results.md`` and ``DIR/learning_curves.png`` are rewritten at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.checkpoint import read_checkpoint
+from ecp_lm.complexity import attention_cost
+from ecp_lm.config import ARCHS, ModelConfig
+from ecp_lm.evaluate import evaluate_checkpoint
+from ecp_lm.experiments.probe import RecallSpec, train_probe
+from ecp_lm.plot import plot_runs, read_metrics
+from ecp_lm.runconfig import RunConfig
+from ecp_lm.train import train
+
+
+@dataclass(frozen=True)
+class Budget:
+    lm_model: dict[str, Any]
+    lm_train: dict[str, Any]
+    test_max_tokens: int | None
+    mnist_model: dict[str, Any]
+    mnist_train: dict[str, Any]
+    probe: RecallSpec
+    probe_model: dict[str, Any]
+    probe_steps: int
+    probe_depths: tuple[int, ...]
+    seeds: dict[str, int] = field(default_factory=lambda: {"ecp": 2, "perceiver_ar": 2,
+                                                           "transformer": 2})
+
+
+BUDGETS = {
+    "tiny": Budget(
+        lm_model=dict(d_model=32, n_layers=2, n_heads=2, seq_len=64, num_segments=4),
+        lm_train=dict(steps=3, batch_size=2, warmup_steps=1, eval_every=3,
+                      checkpoint_every=3, log_every=1, eval_max_tokens=1024),
+        test_max_tokens=2048,
+        mnist_model=dict(d_model=16, n_layers=2, n_heads=2, num_segments=14),
+        mnist_train=dict(steps=2, batch_size=2, warmup_steps=1, eval_every=2,
+                         checkpoint_every=2, log_every=1),
+        probe=RecallSpec(seq_len=32, min_gap=10, max_gap=14, num_keys=8, num_values=8,
+                         num_filler=16),
+        probe_model=dict(d_model=16, n_heads=2, num_segments=8),
+        probe_steps=5, probe_depths=(2, 3)),
+    "small": Budget(
+        lm_model=dict(d_model=128, n_layers=4, n_heads=4, seq_len=256, num_segments=8),
+        lm_train=dict(steps=800, batch_size=16, lr=2e-3, warmup_steps=50, eval_every=200,
+                      checkpoint_every=200, log_every=20, eval_max_tokens=65536),
+        test_max_tokens=None,
+        mnist_model=dict(d_model=64, n_layers=2, n_heads=4, num_segments=14),
+        mnist_train=dict(steps=400, batch_size=16, lr=2e-3, warmup_steps=30, eval_every=100,
+                         checkpoint_every=100, log_every=20),
+        probe=RecallSpec(seq_len=128, min_gap=40, max_gap=60),
+        probe_model=dict(d_model=64, n_heads=4, num_segments=8),
+        probe_steps=600, probe_depths=(2, 4)),
+}
+
+
+def entries(budget: Budget) -> list[dict[str, Any]]:
+    """Every run of the study, in order: (name, kind, model/train overrides)."""
+    out = []
+    for arch in ARCHS:
+        for seed in range(budget.seeds.get(arch, 1)):
+            out.append({"name": f"lm/{arch}/seed{seed}", "kind": "lm", "arch": arch,
+                        "seed": seed, "model": {"arch": arch}})
+    n = budget.lm_model["seq_len"]
+    s = budget.lm_model["num_segments"]
+    ablations = {f"S{s // 2}": {"num_segments": max(1, s // 2)},
+                 f"S{s * 2}": {"num_segments": s * 2},
+                 "rope-first": {"rope": "first"}, "tied-kv": {"tied_kv": True},
+                 "depth-short": {"n_layers": 2},  # L·m < N: the top cannot see the window
+                 "depth-covers": {"num_segments": budget.lm_model["n_layers"]}}  # L·m = N
+    for name, model in ablations.items():
+        out.append({"name": f"ablation/ecp-{name}", "kind": "lm", "arch": "ecp", "seed": 0,
+                    "model": {"arch": "ecp", **model}, "note": f"N={n}"})
+    for arch in ARCHS:
+        out.append({"name": f"mnist/{arch}", "kind": "mnist", "arch": arch, "seed": 0,
+                    "model": {"arch": arch}})
+    for arch in ARCHS:
+        for depth in budget.probe_depths:
+            out.append({"name": f"probe/{arch}/L{depth}", "kind": "probe", "arch": arch,
+                        "seed": 0, "model": {"arch": arch, "n_layers": depth}})
+    return out
+
+
+def _lm_config(budget: Budget, entry: dict) -> RunConfig:
+    model = {"vocab_size": 256, **budget.lm_model, **entry["model"]}
+    if model["arch"] == "compressed_double":
+        model["compressed_len"] = matched_compressed_len(ModelConfig(**model))
+    data = {"model": model,
+            "data": {"source": "enwiki-mini", "tokenizer": "bytes"},
+            "train": {**budget.lm_train, "seed": entry["seed"]}}
+    return RunConfig.from_dict(data)
+
+
+def _mnist_config(budget: Budget, entry: dict) -> RunConfig:
+    model = {"vocab_size": 256, "seq_len": 784, "num_classes": 10, **budget.mnist_model,
+             **entry["model"]}
+    if model["arch"] == "compressed_double":
+        model["compressed_len"] = matched_compressed_len(ModelConfig(**model))
+    data = {"model": model, "data": {"source": "mnist-5k"}, "train": dict(budget.mnist_train)}
+    return RunConfig.from_dict(data)
+
+
+def matched_compressed_len(cfg: ModelConfig, tolerance: float = 0.04) -> int:
+    """The largest p (at most the default h/2) whose Linear(h -> p) adds no more than
+    ``tolerance`` of the other architectures' parameter count."""
+    from ecp_lm.models import build_model
+
+    base = build_model(ModelConfig(**{**cfg.to_dict(), "arch": "double",
+                                      "compressed_len": None})).num_params()
+    h = cfg.history_len
+    return max(1, min(h // 2, int(tolerance * base / (h + 1))))
+
+
+def _train_run(cfg: RunConfig, run: Path, progress: bool) -> float:
+    latest = run / "latest"
+    if latest.exists() and read_checkpoint(latest).meta["step"] >= cfg.train.steps:
+        return 0.0
+    start = time.perf_counter()
+    train(cfg, run, resume=latest.exists(), progress=progress)
+    return time.perf_counter() - start
+
+
+def run_entry(budget: Budget, entry: dict, out: Path, progress: bool) -> dict[str, Any]:
+    run = out / entry["name"]
+    base = {k: entry[k] for k in ("name", "kind", "arch", "seed")}
+    if entry["kind"] == "probe":
+        cfg = ModelConfig(vocab_size=budget.probe.vocab_size, seq_len=budget.probe.seq_len,
+                          **{**budget.probe_model, **entry["model"]})
+        start = time.perf_counter()
+        result = train_probe(cfg, budget.probe, budget.probe_steps)
+        return {**base, "n_layers": cfg.n_layers, "segment_len": cfg.segment_len,
+                "min_gap": budget.probe.min_gap, "max_gap": budget.probe.max_gap, **result,
+                "wall_s": time.perf_counter() - start}
+    cfg = (_lm_config if entry["kind"] == "lm" else _mnist_config)(budget, entry)
+    seconds = _train_run(cfg, run, progress)
+    report = evaluate_checkpoint(run / "best", "test", max_tokens=budget.test_max_tokens,
+                                 progress=False)
+    speeds = [r["tokens_per_s"] for r in read_metrics(run)["train"]]
+    cost = attention_cost(cfg.model)
+    keep = ("params", "tokens_scored", "loss", "bits_per_byte", "accuracy", "step")
+    return {**base, "model": entry["model"], **{k: report[k] for k in keep if k in report},
+            "train_tokens": read_checkpoint(run / "latest").meta["tokens_seen"],
+            "train_tokens_per_s": statistics.median(speeds) if speeds else None,
+            "attention_ratio_to_full": cost.ratio_to_full,
+            "attention_tile_ratio_to_full": cost.tile_ratio_to_full,
+            "train_wall_s": seconds}
+
+
+def run_study(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
+    budget, out = BUDGETS[budget_name], Path(out)
+    results = []
+    for entry in entries(budget):
+        path = out / entry["name"] / "result.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+            continue
+        if progress:
+            print(f"== {entry['name']}", flush=True)
+        result = run_entry(budget, entry, out, progress)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=2) + "\n")
+        results.append(result)
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    (out / "results.md").write_text(markdown(results, budget_name))
+    plot_runs([out / r["name"] for r in results if r["name"].startswith("lm/")
+               and r["seed"] == 0], out / "learning_curves.png",
+              title=f"enwiki-mini (bytes), budget {budget_name}")
+    return results
+
+
+def _mean_spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {(max(values) - min(values)) / 2:.4f}"
+
+
+def markdown(results: list[dict], budget_name: str) -> str:
+    lines = [f"# Study results (budget `{budget_name}`)", "",
+             "## Language modelling: enwiki-mini test split, bytes", "",
+             "| arch | seeds | test bits/byte (mean ± half-range) | params | attention / full "
+             "(exact) | train tok/s | train wall s |", "|---|---|---|---|---|---|---|"]
+    for arch in ARCHS:
+        runs = [r for r in results if r["kind"] == "lm" and r["arch"] == arch
+                and r["name"].startswith("lm/")]
+        if runs:
+            lines.append(f"| {arch} | {len(runs)} | "
+                         f"{_mean_spread([r['bits_per_byte'] for r in runs])} | "
+                         f"{runs[0]['params']:,} | {runs[0]['attention_ratio_to_full']:.3f} | "
+                         f"{statistics.mean(r['train_tokens_per_s'] for r in runs):,.0f} | "
+                         f"{statistics.mean(r['train_wall_s'] for r in runs):.0f} |")
+    lines += ["", "## ECP ablations (same data and budget)", "",
+              "| run | change | test bits/byte | params |", "|---|---|---|---|"]
+    for r in results:
+        if r["name"].startswith("ablation/"):
+            change = ", ".join(f"{k}={v}" for k, v in r["model"].items() if k != "arch")
+            lines.append(f"| {r['name']} | {change} | {r['bits_per_byte']:.4f} | "
+                         f"{r['params']:,} |")
+    lines += ["", "## Sequential MNIST (mnist-5k, 784 pixel tokens): test accuracy", "",
+              "| arch | accuracy | params |", "|---|---|---|"]
+    for r in results:
+        if r["kind"] == "mnist":
+            lines.append(f"| {r['arch']} | {r['accuracy']:.3f} | {r['params']:,} |")
+    lines += ["", "## Long-range recall probe: accuracy (chance = 1/values)", "",
+              "| arch | layers | segment m | gap | accuracy | chance |",
+              "|---|---|---|---|---|---|"]
+    for r in results:
+        if r["kind"] == "probe":
+            lines.append(f"| {r['arch']} | {r['n_layers']} | {r['segment_len']} | "
+                         f"{r['min_gap']}–{r['max_gap']} | {r['accuracy']:.3f} | "
+                         f"{r['chance']:.3f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", choices=tuple(BUDGETS), default="small",
+                        help="tiny: minutes, exercises every code path; small: under 2 hours "
+                             "on a 2-core CPU")
+    parser.add_argument("--out", default="runs/study", help="study folder (resumable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    results = run_study(args.budget, args.out, progress=not args.quiet)
+    print(markdown(results, args.budget))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
