@@ -83,8 +83,9 @@ def entries(budget: Budget) -> list[dict[str, Any]]:
     ablations = {f"S{s // 2}": {"num_segments": max(1, s // 2)},
                  f"S{s * 2}": {"num_segments": s * 2},
                  "rope-first": {"rope": "first"}, "tied-kv": {"tied_kv": True},
-                 "depth-short": {"n_layers": 2},  # L·m < N: the top cannot see the window
-                 "depth-covers": {"num_segments": budget.lm_model["n_layers"]}}  # L·m = N
+                 # Receptive field L·m against the window N (the main run has L·m = N/2):
+                 "depth-short": {"n_layers": 2},  # L·m = N/4
+                 "depth-covers": {"n_layers": s}}  # L·m = N, twice the main run's depth
     for name, model in ablations.items():
         out.append({"name": f"ablation/ecp-{name}", "kind": "lm", "arch": "ecp", "seed": 0,
                     "model": {"arch": "ecp", **model}, "note": f"N={n}"})
