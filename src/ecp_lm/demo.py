@@ -22,19 +22,9 @@ from ecp_lm.evaluate import evaluate_checkpoint
 from ecp_lm.generate import generate
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
-from ecp_lm.train import train
+from ecp_lm.train import train_or_resume
 
 ARCHS = ("ecp", "perceiver_ar")
-
-
-def _train_or_resume(cfg: RunConfig, out: Path, progress: bool) -> float:
-    """Wall seconds spent training now (0 if the run was already complete)."""
-    latest = out / "latest"
-    if latest.exists() and read_checkpoint(latest).meta["step"] >= cfg.train.steps:
-        return 0.0
-    start = time.perf_counter()
-    train(cfg, out, resume=latest.exists(), progress=progress)
-    return time.perf_counter() - start
 
 
 def _sample(run: Path, prompt: str, new_tokens: int) -> str:
@@ -56,7 +46,7 @@ def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
         run = out_dir / arch
         if progress:
             print(f"== training {arch} ({cfg.train.steps} steps) -> {run}", flush=True)
-        seconds = _train_or_resume(cfg, run, progress)
+        seconds = train_or_resume(cfg, run, progress)
         report = evaluate_checkpoint(run / "best", "test", progress=progress)
         speeds = [r["tokens_per_s"] for r in read_metrics(run)["train"]]
         rows.append({"arch": arch, "params": report["params"], "steps": cfg.train.steps,

@@ -281,6 +281,17 @@ class _Loop:
                         trainer, meta)
 
 
+def train_or_resume(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> float:
+    """Bring the run in ``out_dir`` to ``cfg.train.steps``: start it, resume it, or leave a
+    finished one alone. Returns the wall seconds spent training now."""
+    latest = Path(out_dir) / "latest"
+    if latest.exists() and read_checkpoint(latest).meta["step"] >= cfg.train.steps:
+        return 0.0
+    start = time.perf_counter()
+    train(cfg, out_dir, resume=latest.exists(), progress=progress)
+    return time.perf_counter() - start
+
+
 def _to(batch, device: torch.device):
     if isinstance(batch, tuple):
         return tuple(t.to(device) for t in batch)

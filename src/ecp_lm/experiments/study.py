@@ -26,7 +26,7 @@ from ecp_lm.evaluate import evaluate_checkpoint
 from ecp_lm.experiments.probe import RecallSpec, train_probe
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
-from ecp_lm.train import train
+from ecp_lm.train import train_or_resume
 
 
 @dataclass(frozen=True)
@@ -129,15 +129,6 @@ def matched_compressed_len(cfg: ModelConfig, tolerance: float = 0.04) -> int:
     return max(1, min(h // 2, int(tolerance * base / (h + 1))))
 
 
-def _train_run(cfg: RunConfig, run: Path, progress: bool) -> float:
-    latest = run / "latest"
-    if latest.exists() and read_checkpoint(latest).meta["step"] >= cfg.train.steps:
-        return 0.0
-    start = time.perf_counter()
-    train(cfg, run, resume=latest.exists(), progress=progress)
-    return time.perf_counter() - start
-
-
 def run_entry(budget: Budget, entry: dict, out: Path, progress: bool) -> dict[str, Any]:
     run = out / entry["name"]
     base = {k: entry[k] for k in ("name", "kind", "arch", "seed")}
@@ -150,7 +141,7 @@ def run_entry(budget: Budget, entry: dict, out: Path, progress: bool) -> dict[st
                 "min_gap": budget.probe.min_gap, "max_gap": budget.probe.max_gap, **result,
                 "wall_s": time.perf_counter() - start}
     cfg = (_lm_config if entry["kind"] == "lm" else _mnist_config)(budget, entry)
-    seconds = _train_run(cfg, run, progress)
+    seconds = train_or_resume(cfg, run, progress)
     report = evaluate_checkpoint(run / "best", "test", max_tokens=budget.test_max_tokens,
                                  progress=False)
     speeds = [r["tokens_per_s"] for r in read_metrics(run)["train"]]
