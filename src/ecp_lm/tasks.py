@@ -26,6 +26,7 @@ from ecp_lm.evaluate import (
     scored_text,
 )
 from ecp_lm.models.archs import ARCHITECTURES
+from ecp_lm.models.lm import next_token_loss
 from ecp_lm.runconfig import RunConfig
 
 
@@ -74,10 +75,7 @@ class LanguageModelling:
 
     def loss_sum(self, net: nn.Module, batch: Tensor) -> Tensor:
         """Summed next-token cross-entropy over the predicted positions."""
-        logits = net(batch[:, :-1])  # (B, P, V)
-        targets = batch[:, batch.size(1) - logits.size(1):]  # (B, P)
-        return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
-                               reduction="sum")
+        return next_token_loss(net(batch[:, :-1]), batch, reduction="sum")
 
     def validate(self, model: nn.Module, dist: Dist,
                  autocast: AbstractContextManager | None) -> dict[str, Any]:

@@ -106,9 +106,7 @@ class LanguageModel(nn.Module):
     def loss(self, tokens: Tensor) -> Tensor:
         """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;
         ``tokens`` is (B, T + 1): the inputs followed by one more target token."""
-        logits = self(tokens[:, :-1])  # (B, P, V)
-        targets = tokens[:, tokens.size(1) - logits.size(1):]  # (B, P)
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
+        return next_token_loss(self(tokens[:, :-1]), tokens)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -120,6 +118,14 @@ class LanguageModel(nn.Module):
         no_decay = [p for p in self.parameters() if p.dim() < 2]
         return [{"params": decay, "weight_decay": weight_decay},
                 {"params": no_decay, "weight_decay": 0.0}]
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits (B, P, V) for the last P inputs of ``tokens`` (B, T + 1), whose
+    targets are the last P tokens; computed in float32."""
+    targets = tokens[:, tokens.size(1) - logits.size(1):]  # (B, P)
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           reduction=reduction)
 
 
 def build_model(cfg: ModelConfig) -> LanguageModel:
