@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from ecp_lm.data.batches import eval_windows, window_batch
+from ecp_lm.data.batches import eval_groups, window_batch
 from ecp_lm.data.cache import open_cache, open_run_cache
 from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
 from ecp_lm.data.tokenizers import Tokenizer
@@ -70,8 +70,7 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
     model.eval()
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.long, device=device)
-    windows = eval_windows(len(tokens), seq_len, stride)
-    groups = [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+    groups = eval_groups(len(tokens), seq_len, stride, batch_size)
     rounds = -(-len(groups) // world_size)
     for r in tqdm(range(rounds), desc="eval", disable=not progress):
         index = r * world_size + rank

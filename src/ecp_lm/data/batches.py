@@ -116,9 +116,15 @@ def window_batch(tokens: np.ndarray, windows: list[EvalWindow], seq_len: int
     return torch.from_numpy(np.stack(rows)), [w.num_scored for w in windows]
 
 
+def eval_groups(num_tokens: int, seq_len: int, stride: int, batch_size: int
+                ) -> list[list[EvalWindow]]:
+    """The evaluation windows in consecutive groups of ``batch_size``."""
+    windows = eval_windows(num_tokens, seq_len, stride)
+    return [windows[i:i + batch_size] for i in range(0, len(windows), batch_size)]
+
+
 def eval_batches(tokens: np.ndarray, seq_len: int, stride: int, batch_size: int
                  ) -> Iterator[tuple[torch.Tensor, list[int]]]:
     """The evaluation stream in batches of ``batch_size`` windows."""
-    windows = eval_windows(len(tokens), seq_len, stride)
-    for i in range(0, len(windows), batch_size):
-        yield window_batch(tokens, windows[i:i + batch_size], seq_len)
+    for group in eval_groups(len(tokens), seq_len, stride, batch_size):
+        yield window_batch(tokens, group, seq_len)
