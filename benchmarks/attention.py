@@ -1,4 +1,7 @@
-"""ECP attention kernel against full causal SDPA: forward + backward time and peak memory.
+"""ECP attention kernels against full causal SDPA: forward + backward time and peak memory.
+
+Kernels: ``ecp`` (what ECP runs on this device: the native kernel on CPU), ``ecp_flash`` (the
+CPU fallback: two flash-attention calls merged by log-sum-exp) and ``causal`` (full causal SDPA).
 
 Usage: python benchmarks/attention.py [--seq-lens 4096,8192,16384] [--segment-len 256] [--json FILE]
 
@@ -22,13 +25,17 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from ecp_lm.models.attention import native
 from ecp_lm.models.attention.kernels import segment_pair_attention
 
-KERNELS = ("ecp", "causal")
+KERNELS = ("ecp", "ecp_flash", "causal")
 
 
 def _kernel(name: str, segment_len: int):
     if name == "ecp":
+        return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
+    if name == "ecp_flash":
+        native._loaded = False  # this process only: the flash-attention fallback
         return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
     return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
@@ -83,13 +90,17 @@ def summarise(results: list[dict], args: argparse.Namespace) -> list[dict]:
     by = {(r["kernel"], r["seq_len"]): r for r in results}
     rows = []
     for n in args.seq_lens:
-        ecp, causal = by["ecp", n], by["causal", n]
+        ecp, flash, causal = by["ecp", n], by["ecp_flash", n], by["causal", n]
+        m = args.segment_len
+        entries = score_entries("ecp", n, m) / score_entries("causal", n, m)
+        time_ratio = ecp["median_s"] / causal["median_s"]
         rows.append({
             "seq_len": n, "segment_len": args.segment_len,
-            "ecp_ms": 1e3 * ecp["median_s"], "causal_ms": 1e3 * causal["median_s"],
-            "time_ratio": ecp["median_s"] / causal["median_s"],
-            "entries_ratio": (score_entries("ecp", n, args.segment_len)
-                              / score_entries("causal", n, args.segment_len)),
+            "ecp_ms": 1e3 * ecp["median_s"], "ecp_flash_ms": 1e3 * flash["median_s"],
+            "causal_ms": 1e3 * causal["median_s"],
+            "time_ratio": time_ratio, "entries_ratio": entries,
+            "time_over_entries": time_ratio / entries,
+            "flash_time_over_entries": flash["median_s"] / causal["median_s"] / entries,
             "ecp_peak_mib": ecp["peak_bytes"] / 2**20,
             "causal_peak_mib": causal["peak_bytes"] / 2**20,
         })
@@ -97,12 +108,14 @@ def summarise(results: list[dict], args: argparse.Namespace) -> list[dict]:
 
 
 def print_table(rows: list[dict]) -> None:
-    head = (f"{'N':>7} {'ecp ms':>9} {'causal ms':>10} {'time ratio':>10} {'entries ratio':>13}"
-            f" {'ecp MiB':>8} {'causal MiB':>10}")
+    head = (f"{'N':>7} {'ecp ms':>8} {'flash ms':>9} {'causal ms':>10} {'time ratio':>10} "
+            f"{'entries ratio':>13} {'÷ (ecp)':>8} {'÷ (flash)':>9} {'ecp MiB':>8} "
+            f"{'causal MiB':>10}")
     print(head)
     for r in rows:
-        print(f"{r['seq_len']:>7} {r['ecp_ms']:>9.1f} {r['causal_ms']:>10.1f} "
-              f"{r['time_ratio']:>10.3f} {r['entries_ratio']:>13.3f} "
+        print(f"{r['seq_len']:>7} {r['ecp_ms']:>8.1f} {r['ecp_flash_ms']:>9.1f} "
+              f"{r['causal_ms']:>10.1f} {r['time_ratio']:>10.3f} {r['entries_ratio']:>13.3f} "
+              f"{r['time_over_entries']:>8.2f} {r['flash_time_over_entries']:>9.2f} "
               f"{r['ecp_peak_mib']:>8.1f} {r['causal_peak_mib']:>10.1f}")
     if len(rows) > 1:
         first, last = rows[0], rows[-1]

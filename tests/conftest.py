@@ -15,3 +15,15 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 @pytest.fixture(params=ARCHS)
 def arch(request) -> str:
     return request.param
+
+
+@pytest.fixture(scope="session")
+def native_kernel():
+    """The native ECP kernel, built. It must build wherever the tests run (a C++ compiler is part
+    of the test environment); ECP_LM_NATIVE=0 is the only way to skip the tests that need it."""
+    from ecp_lm.models.attention import native
+
+    if os.environ.get("ECP_LM_NATIVE") == "0":
+        pytest.skip("ECP_LM_NATIVE=0: native kernel turned off")
+    assert native.load(), "the native ECP kernel did not build (see the warning above)"
+    return native

@@ -103,16 +103,17 @@ def test_ecp_kernel_has_no_quadratic_tensor(monkeypatch):
 
     monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy_sdpa)
     monkeypatch.setattr(segment_lse, "_flash", spy_flash)
+    monkeypatch.setattr(kernels.native, "supports", lambda q, dropout_p=0.0: False)
     m = 8
     q = torch.randn(1, 2, 20 * m + 3, 16)
-    kernels.segment_pair_attention(q, q, q, m)  # CPU: log-sum-exp merge
+    kernels.segment_pair_attention(q, q, q, m)  # CPU fallback: log-sum-exp merge
     kernels.segment_pair_attention(q, q, q, m, dropout_p=0.1)  # the (m, 2m)-mask kernel
     assert len(seen) == 4 and all(kv <= 2 * m and rq <= m for rq, kv in seen)
 
 
 @pytest.mark.parametrize("length", [1, 8, 9, 40])
-def test_ecp_kernels_agree_with_the_dense_reference(length):
-    """Both segment-pair kernels, forward and backward, against the materialised mask."""
+def test_ecp_kernels_agree_with_the_dense_reference(length, native_kernel):
+    """The segment-pair kernels, forward and backward, against the materialised mask."""
     from ecp_lm.models.attention import kernels
     from ecp_lm.models.attention.masks import SegmentPairMask
     from ecp_lm.models.attention.segment_lse import segment_pairs_lse
@@ -132,7 +133,8 @@ def test_ecp_kernels_agree_with_the_dense_reference(length):
         out = kernel(*padded).reshape(2, 3, -1, 16)[:, :, :length]
         return out, torch.autograd.grad(out, (q, k, v), grad)
 
-    for kernel in (segment_pairs_lse, kernels.segment_pairs_masked):
+    ecp_kernels = (native_kernel.segment_attention, segment_pairs_lse, kernels.segment_pairs_masked)
+    for kernel in ecp_kernels:
         out, grads = run(kernel)
         torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-8)
         for a, b in zip(grads, expected, strict=True):

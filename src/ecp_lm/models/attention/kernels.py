@@ -7,9 +7,9 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
 - ``causal_attention``: lower-right aligned causal (query i sees keys 0 .. Rk - Rq + i). SDPA's
   ``is_causal`` is upper-left aligned, so it is only used when Rq == Rk.
 - ``segment_pair_attention``: ECP. Each segment's m queries attend to [previous segment, own
-  segment], batched over segments: O(T·2m), never T×T. On CPU (no dropout) the two parts are
-  separate flash calls merged by log-sum-exp (segment_lse.py, ~1.5·m² per segment); elsewhere
-  one call with a static (m, 2m) mask.
+  segment], batched over segments: O(T·2m), never T×T. On CPU (no dropout) the native kernel
+  (native.py, ~1.5·m² entries per segment), or where it cannot be built two flash calls merged
+  by log-sum-exp (segment_lse.py); elsewhere one call with a static (m, 2m) mask.
 - ``double_attention``: the Double Attention family. History rows attend (unmasked) within their
   history block; latent rows attend lower-right causally to every key.
 - ``flex_attention_from_mask``: FlexAttention with the predicate as ``mask_mod``.
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
+from ecp_lm.models.attention import native
 from ecp_lm.models.attention.masks import Mask, materialize
 from ecp_lm.models.attention.segment_lse import segment_pairs_lse
 from ecp_lm.models.rows import Rows
@@ -68,7 +69,9 @@ def segment_pair_attention(q: Tensor, k: Tensor, v: Tensor, segment_len: int,
         q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
     s = (t + pad) // m
     q, k, v = (x.reshape(b, n_heads, s, m, d) for x in (q, k, v))  # (B, H, S, m, D)
-    if q.device.type == "cpu" and dropout_p == 0.0:  # ~1.5·m² per segment instead of 2·m²
+    if native.supports(q, dropout_p):  # ~1.5·m² per segment instead of 2·m²
+        out = native.segment_attention(q, k, v)
+    elif q.device.type == "cpu" and dropout_p == 0.0:
         out = segment_pairs_lse(q, k, v)
     else:
         out = segment_pairs_masked(q, k, v, dropout_p)
