@@ -1,13 +1,18 @@
 """ECP attention kernels against full causal SDPA: forward + backward time and peak memory.
 
-Kernels: ``ecp`` (what ECP runs on this device: the native kernel on CPU), ``ecp_flash`` (the
-CPU fallback: two flash-attention calls merged by log-sum-exp) and ``causal`` (full causal SDPA).
+Kernels: ``ecp`` (what ECP's model runs with ``attn_impl="sdpa"``: on CPU the native kernel, on
+CUDA segment-batched SDPA with a static (m, 2m) mask), ``ecp_flash`` (the CPU fallback: two
+flash-attention calls merged by log-sum-exp), ``ecp_flex`` (CUDA: compiled FlexAttention with the
+mask predicate, block mask built once per shape, as ``attn_impl="auto"``) and ``causal`` (full
+causal SDPA, the baseline).
 
-Usage: python benchmarks/attention.py [--seq-lens 4096,8192,16384] [--segment-len 256] [--json FILE]
+Usage: python benchmarks/attention.py [--seq-lens 4096,8192,16384] [--segment-len 256]
+       [--device cpu|cuda] [--dtype float32|bfloat16] [--kernels ecp,ecp_flash] [--json FILE]
 
-Every case runs in its own subprocess, so its peak resident memory (the growth of ru_maxrss over
-the process's state just before the case) is its own. Times are the median of --repeats runs after
---warmup runs; ratios compare kernels measured in this one invocation, on this machine.
+Every case runs in its own subprocess, so its peak memory is its own: on CPU the growth of
+ru_maxrss over the process's state just before the case, on CUDA the allocator's peak. Times are
+the median of --repeats runs after --warmup runs; ratios compare kernels measured in this one
+invocation, on this machine.
 """
 
 from __future__ import annotations
@@ -26,9 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from ecp_lm.models.attention import native
-from ecp_lm.models.attention.kernels import segment_pair_attention
+from ecp_lm.models.attention.kernels import flex_attention_from_mask, segment_pair_attention
+from ecp_lm.models.attention.masks import SegmentPairMask
+from ecp_lm.models.rows import Rows
 
-KERNELS = ("ecp", "ecp_flash", "causal")
+DEFAULT_KERNELS = {"cpu": ("ecp", "ecp_flash"), "cuda": ("ecp", "ecp_flex")}
 
 
 def _kernel(name: str, segment_len: int):
@@ -37,34 +44,56 @@ def _kernel(name: str, segment_len: int):
     if name == "ecp_flash":
         native._loaded = False  # this process only: the flash-attention fallback
         return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
-    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if name == "ecp_flex":
+        mask = SegmentPairMask(segment_len)
+        return lambda q, k, v: flex_attention_from_mask(q, k, v, mask,
+                                                        Rows.span(0, q.size(-2)))
+    if name == "causal":
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    raise ValueError(f"unknown kernel {name!r}")
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def run_case(name: str, seq_len: int, args: argparse.Namespace) -> dict:
     """One kernel at one length, in this process: times (s) and peak memory growth (bytes)."""
     torch.manual_seed(0)
     kernel = _kernel(name, args.segment_len)
-    shape = (1, args.heads, seq_len, args.head_dim)
+    dtype, device = getattr(torch, args.dtype), args.device
+
+    def inputs(length):
+        return [torch.randn(1, args.heads, length, args.head_dim, device=device, dtype=dtype,
+                            requires_grad=True) for _ in range(3)]
 
     def step(q, k, v):
         kernel(q, k, v).sum().backward()
 
-    small = [torch.randn(1, args.heads, 2 * args.segment_len, args.head_dim, requires_grad=True)
-             for _ in range(3)]
-    step(*small)  # load kernels and thread pools before the memory baseline
-    q, k, v = (torch.randn(shape, requires_grad=True) for _ in range(3))
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step(*inputs(2 * args.segment_len))  # load kernels and thread pools before the baseline
+    q, k, v = inputs(seq_len)
+    _sync(device)
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+    else:
+        base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     times = []
     for i in range(args.warmup + args.repeats):
         start = time.perf_counter()
         step(q, k, v)
+        _sync(device)
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
         for x in (q, k, v):
             x.grad = None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    if device == "cuda":
+        peak = torch.cuda.max_memory_allocated() - base
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base
     return {"kernel": name, "seq_len": seq_len, "times_s": times,
-            "median_s": statistics.median(times), "peak_bytes": peak * 1024}
+            "median_s": statistics.median(times), "peak_bytes": peak}
 
 
 def score_entries(name: str, seq_len: int, m: int) -> int:
@@ -78,8 +107,8 @@ def score_entries(name: str, seq_len: int, m: int) -> int:
 def measure(args: argparse.Namespace) -> list[dict]:
     results = []
     for seq_len in args.seq_lens:
-        for name in KERNELS:
-            print(f"  {name:>6} N={seq_len} ...", file=sys.stderr, flush=True)
+        for name in (*args.kernels, "causal"):
+            print(f"  {name:>9} N={seq_len} ...", file=sys.stderr, flush=True)
             cmd = [sys.executable, __file__, "--one", name, str(seq_len), *sys.argv[1:]]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))
@@ -87,41 +116,39 @@ def measure(args: argparse.Namespace) -> list[dict]:
 
 
 def summarise(results: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Per N: causal SDPA's time and memory, and for each ECP kernel its time, its time ratio to
+    causal SDPA, that ratio ÷ the ratio of unmasked entries, and its peak memory."""
     by = {(r["kernel"], r["seq_len"]): r for r in results}
     rows = []
     for n in args.seq_lens:
-        ecp, flash, causal = by["ecp", n], by["ecp_flash", n], by["causal", n]
-        m = args.segment_len
+        m, causal = args.segment_len, by["causal", n]
         entries = score_entries("ecp", n, m) / score_entries("causal", n, m)
-        time_ratio = ecp["median_s"] / causal["median_s"]
-        rows.append({
-            "seq_len": n, "segment_len": args.segment_len,
-            "ecp_ms": 1e3 * ecp["median_s"], "ecp_flash_ms": 1e3 * flash["median_s"],
-            "causal_ms": 1e3 * causal["median_s"],
-            "time_ratio": time_ratio, "entries_ratio": entries,
-            "time_over_entries": time_ratio / entries,
-            "flash_time_over_entries": flash["median_s"] / causal["median_s"] / entries,
-            "ecp_peak_mib": ecp["peak_bytes"] / 2**20,
-            "causal_peak_mib": causal["peak_bytes"] / 2**20,
-        })
+        row = {"seq_len": n, "segment_len": m, "entries_ratio": entries,
+               "causal_ms": 1e3 * causal["median_s"],
+               "causal_peak_mib": causal["peak_bytes"] / 2**20}
+        for name in args.kernels:
+            ratio = by[name, n]["median_s"] / causal["median_s"]
+            row |= {f"{name}_ms": 1e3 * by[name, n]["median_s"], f"{name}_time_ratio": ratio,
+                    f"{name}_over_entries": ratio / entries,
+                    f"{name}_peak_mib": by[name, n]["peak_bytes"] / 2**20}
+        rows.append(row)
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    head = (f"{'N':>7} {'ecp ms':>8} {'flash ms':>9} {'causal ms':>10} {'time ratio':>10} "
-            f"{'entries ratio':>13} {'÷ (ecp)':>8} {'÷ (flash)':>9} {'ecp MiB':>8} "
-            f"{'causal MiB':>10}")
-    print(head)
+def print_table(rows: list[dict], kernels: list[str]) -> None:
+    cols = [("N", "seq_len", 0), ("causal ms", "causal_ms", 1),
+            ("entries ratio", "entries_ratio", 3)]
+    for name in kernels:
+        cols += [(f"{name} ms", f"{name}_ms", 1), (f"{name} ÷ entries", f"{name}_over_entries", 2),
+                 (f"{name} MiB", f"{name}_peak_mib", 1)]
+    cols.append(("causal MiB", "causal_peak_mib", 1))
+    print(" ".join(f"{title:>{max(len(title), 7)}}" for title, _, _ in cols))
     for r in rows:
-        print(f"{r['seq_len']:>7} {r['ecp_ms']:>8.1f} {r['ecp_flash_ms']:>9.1f} "
-              f"{r['causal_ms']:>10.1f} {r['time_ratio']:>10.3f} {r['entries_ratio']:>13.3f} "
-              f"{r['time_over_entries']:>8.2f} {r['flash_time_over_entries']:>9.2f} "
-              f"{r['ecp_peak_mib']:>8.1f} {r['causal_peak_mib']:>10.1f}")
+        print(" ".join(f"{r[key]:>{max(len(title), 7)}.{digits}f}" for title, key, digits in cols))
     if len(rows) > 1:
-        first, last = rows[0], rows[-1]
-        growth = last["seq_len"] / first["seq_len"]
-        mem = last["ecp_peak_mib"] / max(first["ecp_peak_mib"], 1e-9)
-        print(f"ECP peak memory grows {mem:.2f}x for {growth:.0f}x the length "
+        growth = rows[-1]["seq_len"] / rows[0]["seq_len"]
+        mem = rows[-1][f"{kernels[0]}_peak_mib"] / max(rows[0][f"{kernels[0]}_peak_mib"], 1e-9)
+        print(f"{kernels[0]} peak memory grows {mem:.2f}x for {growth:.0f}x the length "
               f"(linear: {growth:.0f}x)")
 
 
@@ -134,6 +161,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=64, help="dimension per head")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per case (median kept)")
     p.add_argument("--warmup", type=int, default=2, help="untimed runs per case")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="where to run")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="dtype of q, k, v")
+    p.add_argument("--kernels", type=lambda s: s.split(","),
+                   help="comma-separated ECP kernels to compare with causal SDPA: ecp, ecp_flash "
+                        "(CPU), ecp_flex (CUDA); default ecp,ecp_flash on CPU, ecp,ecp_flex on "
+                        "CUDA")
     p.add_argument("--json", type=Path, help="write the results here as JSON")
     p.add_argument("--one", nargs=2, metavar=("KERNEL", "N"), help=argparse.SUPPRESS)
     return p.parse_args(argv)
@@ -141,17 +175,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    args.kernels = args.kernels or list(DEFAULT_KERNELS[args.device])
     if args.one:
         print(json.dumps(run_case(args.one[0], int(args.one[1]), args)))
         return 0
     results = measure(args)
     rows = summarise(results, args)
-    print_table(rows)
+    print_table(rows, args.kernels)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "machine": platform.machine(),
                 "threads": torch.get_num_threads(), "heads": args.heads,
-                "head_dim": args.head_dim, "batch": 1, "repeats": args.repeats}
+                "head_dim": args.head_dim, "batch": 1, "repeats": args.repeats,
+                "device": args.device, "dtype": args.dtype, "kernels": args.kernels}
+        if args.device == "cuda":
+            meta["gpu"] = torch.cuda.get_device_name(0)
         args.json.write_text(json.dumps({"meta": meta, "summary": rows, "cases": results},
                                         indent=2) + "\n")
     return 0

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# For a machine with a CUDA GPU: the GPU correctness tests, then `ecp bench` on the GPU (bf16),
-# in under 8 minutes. Results go to $OUT (default benchmarks/results): gpu_tests.txt,
-# bench_gpu.json, bench_gpu.png. Uses the torch already installed if it sees a GPU, otherwise
+# For a machine with a CUDA GPU: the GPU correctness tests, ECP's attention kernels on the GPU
+# (FlexAttention against segment-batched SDPA, bf16, forward + backward), then `ecp bench` on the
+# GPU (bf16), in under 8 minutes. Results go to $OUT (default benchmarks/results):
+# gpu_tests.txt, attention_gpu.json, bench_gpu.json, bench_gpu.png. Uses the torch already installed if it sees a GPU, otherwise
 # creates .venv and installs the default (CUDA) torch build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -16,8 +17,10 @@ fi
 "$PY" -m pip install --quiet -e '.[dev]'
 "$PY" -c "import torch; print('device:', torch.cuda.get_device_name(0), 'torch', torch.__version__)"
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-timeout 240 "$PY" -m pytest -q tests/test_gpu.py tests/test_kernels.py tests/test_generate.py \
+timeout 200 "$PY" -m pytest -q tests/test_gpu.py tests/test_kernels.py tests/test_generate.py \
     -x 2>&1 | tee "$OUT/gpu_tests.txt"
-timeout 240 "$PY" -m ecp_lm bench --device cuda --archs ecp,transformer,perceiver_ar,double \
+timeout 90 "$PY" benchmarks/attention.py --device cuda --dtype bfloat16 --heads 16 \
+    --seq-lens 4096,16384,65536 --json "$OUT/attention_gpu.json"
+timeout 190 "$PY" -m ecp_lm bench --device cuda --archs ecp,transformer,perceiver_ar,double \
     --seq-lens 2048,4096,8192,16384 --d-model 512 --n-heads 8 --batch-size 4 --repeats 5 \
     --decode --json "$OUT/bench_gpu.json" --plot "$OUT/bench_gpu.png"

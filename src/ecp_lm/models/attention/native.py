@@ -40,6 +40,11 @@ def _cflags() -> list[str]:
     flags = ["-O3", "-fno-math-errno"]
     if platform.machine() in ("x86_64", "AMD64"):
         flags.append("-march=native")
+    if platform.system() == "Linux":
+        # at::parallel_for is an inline OpenMP loop: without -fopenmp it runs on one thread.
+        # libgomp is not linked here, so its symbols resolve to the copy torch already loaded
+        # and the kernel shares torch's thread pool and thread count.
+        flags.append("-fopenmp")
     return flags
 
 
