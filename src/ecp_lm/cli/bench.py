@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
     results = bench.run(archs, args.seq_lens, spec)
     print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
-                       "threads": torch.get_num_threads(), **vars(spec)},
+                       "threads": torch.get_num_threads(), **vars(spec),
+                       "ecp_kernel": _ecp_kernel(args.device)},
               "train": results}
     if args.decode:
         report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
@@ -71,6 +72,15 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         bench.plot(results, str(args.plot))
     return 0
+
+
+def _ecp_kernel(device: str) -> str:
+    """Which exact ECP kernel the timed steps ran (see README: Performance)."""
+    if device == "cuda":
+        return "flex"
+    from ecp_lm.models.attention import native
+
+    return "native" if native.load() else "flash"
 
 
 COMMAND = Command("measure training speed and memory of each architecture against N",
