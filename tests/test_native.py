@@ -100,3 +100,25 @@ def test_compiles_with_torch_compile(native_kernel):
     compiled = _run(compiled_fn, q, k, v, grad)
     for a, b in zip(compiled, eager, strict=True):
         torch.testing.assert_close(a, b)
+
+
+def test_a_stale_build_lock_is_removed(tmp_path):
+    """A build killed half-way leaves `lock` behind; a fresh one is kept (another process may
+    be building), an old one is removed so that the next build does not wait forever."""
+    import os
+    import time
+
+    lock = tmp_path / "lock"
+    lock.touch()
+    native._remove_stale_lock(tmp_path)
+    assert lock.exists()
+    old = time.time() - native.STALE_LOCK_S - 1
+    os.utime(lock, (old, old))
+    native._remove_stale_lock(tmp_path)
+    assert not lock.exists()
+    native._remove_stale_lock(tmp_path)  # no lock: nothing to do
+
+
+def test_builds_in_its_own_folder(native_kernel):
+    folder = native_kernel.build_directory()
+    assert folder.name.startswith("ecp_lm_native_py") and any(folder.glob("*.so"))

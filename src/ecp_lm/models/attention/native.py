@@ -3,9 +3,10 @@ about (1.5 + block / 2m)·m² score entries per segment, forward and backward.
 
 It is compiled with the system C++ compiler on first use (a few seconds) and cached by
 ``torch.utils.cpp_extension`` under ``$TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), keyed by the CPU's instruction set so that machines sharing a home
-directory do not share a binary. Where it cannot be built, one warning is given and ECP falls back
-to the flash-attention kernels of ``segment_lse.py``. ``ECP_LM_NATIVE=0`` turns it off.
+``~/.cache/torch_extensions``), in one folder per Python, torch version and CPU instruction set,
+so that machines sharing a home directory do not share a binary. Where it cannot be built, one
+warning is given and ECP falls back to the flash-attention kernels of ``segment_lse.py``.
+``ECP_LM_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from __future__ import annotations
 import hashlib
 import os
 import platform
+import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -23,6 +26,7 @@ SOURCE = Path(__file__).with_name("csrc") / "segment_attention.cpp"
 BLOCK = 64  # query rows per work item; the diagonal tile wastes block²/2 entries per block
 DTYPES = (torch.float32, torch.float64)
 _OPS = "ecp_lm_native"
+STALE_LOCK_S = 600
 
 
 def _cpu_tag() -> str:
@@ -60,11 +64,33 @@ def load() -> bool:
     return _loaded
 
 
+def build_directory() -> Path:
+    """Where the kernel is compiled: one folder per (Python, torch, CPU instruction set)."""
+    from torch.utils.cpp_extension import get_default_build_root
+
+    version = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
+    return Path(get_default_build_root()) / f"{_OPS}_{version}_{_cpu_tag()}".replace("+", "_")
+
+
+def _remove_stale_lock(folder: Path) -> None:
+    """A build killed half-way leaves its lock file behind, and every later build would wait on
+    it forever; a build takes seconds, so a lock older than STALE_LOCK_S is stale."""
+    lock = folder / "lock"
+    try:
+        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
+            lock.unlink()
+    except FileNotFoundError:
+        pass
+
+
 def _build() -> bool:
     try:
         from torch.utils.cpp_extension import load as build
 
-        build(name=f"{_OPS}_{_cpu_tag()}", sources=[str(SOURCE)], extra_cflags=_cflags(),
+        folder = build_directory()
+        folder.mkdir(parents=True, exist_ok=True)
+        _remove_stale_lock(folder)
+        build(name=_OPS, sources=[str(SOURCE)], extra_cflags=_cflags(), build_directory=str(folder),
               is_python_module=False, verbose=False)
     except Exception as exc:  # no compiler, no headers, no ninja: fall back, say so once
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
