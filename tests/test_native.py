@@ -122,3 +122,8 @@ def test_a_stale_build_lock_is_removed(tmp_path):
 def test_builds_in_its_own_folder(native_kernel):
     folder = native_kernel.build_directory()
     assert folder.name.startswith("ecp_lm_native_py") and any(folder.glob("*.so"))
+
+
+def test_loading_twice_in_one_process(native_kernel, monkeypatch):
+    monkeypatch.setattr(native_kernel, "_loaded", None)
+    assert native_kernel.load()

@@ -11,6 +11,7 @@ warning is given and ECP falls back to the flash-attention kernels of ``segment_
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import platform
@@ -101,6 +102,7 @@ def _build() -> bool:
     return True
 
 
+@functools.cache  # once per process, however often the library is loaded
 def _register_python_parts() -> None:
     """Shapes for torch.compile's tracing, and the backward for autograd."""
     forward = f"{_OPS}::segment_attention_forward"
