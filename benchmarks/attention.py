@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -30,7 +31,6 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ecp_lm.models.attention import native
 from ecp_lm.models.attention.kernels import flex_attention_from_mask, segment_pair_attention
 from ecp_lm.models.attention.masks import SegmentPairMask
 from ecp_lm.models.rows import Rows
@@ -42,7 +42,7 @@ def _kernel(name: str, segment_len: int):
     if name == "ecp":
         return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
     if name == "ecp_flash":
-        native._loaded = False  # this process only: the flash-attention fallback
+        os.environ["ECP_LM_NATIVE"] = "0"  # this process only: the flash-attention fallback
         return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
     if name == "ecp_flex":
         mask = SegmentPairMask(segment_len)

@@ -1,6 +1,8 @@
 """The native ECP kernel (csrc/segment_attention.cpp): exact against the (m, 2m)-mask kernel for
 every block size, in float64 and float32; used by default on CPU; falls back when unavailable."""
 
+from functools import partial
+
 import pytest
 import torch
 
@@ -18,22 +20,12 @@ def _inputs(shape, dtype, seed):
     return [torch.randn(shape, generator=gen, dtype=dtype) for _ in range(4)]
 
 
-def _native(block):
-    def fn(q, k, v):
-        b, h, s, m, d = q.shape
-        flat = [x.reshape(b * h, s * m, d) for x in (q, k, v)]
-        out, _ = torch.ops.ecp_lm_native.segment_attention_forward(*flat, m, block)
-        return out.reshape(q.shape)
-
-    return fn
-
-
 @pytest.mark.parametrize(("segments", "m", "block"),
                          [(1, 8, 8), (3, 8, 1), (3, 8, 3), (4, 12, 5), (2, 10, 64), (5, 16, 16)])
 def test_every_block_size_is_exact_in_float64(native_kernel, segments, m, block):
     q, k, v, grad = _inputs((2, 3, segments, m, 16), torch.float64, seed=m * block)
     expected = _run(kernels.segment_pairs_masked, q, k, v, grad)
-    got = _run(_native(block), q, k, v, grad)
+    got = _run(partial(native_kernel.segment_attention, block=block), q, k, v, grad)
     for a, b in zip(got, expected, strict=True):
         torch.testing.assert_close(a, b, atol=1e-12, rtol=1e-10)
 

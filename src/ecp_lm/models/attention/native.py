@@ -136,10 +136,10 @@ def supports(q: Tensor, dropout_p: float = 0.0) -> bool:
     return q.device.type == "cpu" and q.dtype in DTYPES and dropout_p == 0.0 and load()
 
 
-def segment_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def segment_attention(q: Tensor, k: Tensor, v: Tensor, block: int = BLOCK) -> Tensor:
     """q, k, v (B, H, S, m, D) -> (B, H, S, m, D): each segment's queries against the whole
-    previous segment and, causally, their own."""
+    previous segment and, causally, their own; ``block`` query rows per work item."""
     b, h, s, m, d = q.shape
     flat = [x.reshape(b * h, s * m, d).contiguous() for x in (q, k, v)]
-    out, _ = getattr(torch.ops, _OPS).segment_attention_forward(*flat, m, min(BLOCK, m))
+    out, _ = getattr(torch.ops, _OPS).segment_attention_forward(*flat, m, block)
     return out.reshape(b, h, s, m, d)

@@ -126,8 +126,9 @@ void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
               ", expected ", like.scalar_type());
 }
 
-void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t m,
-                  int64_t block) {
+// Checks the inputs; returns the block size to use (a block never spans more than a segment).
+int64_t check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t m,
+                     int64_t block) {
   TORCH_CHECK(q.dim() == 3, "q must be (BH, N, D), got ", q.sizes());
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v shapes differ: ",
               q.sizes(), " ", k.sizes(), " ", v.sizes());
@@ -139,6 +140,7 @@ void check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   check(q, q, "q");
   check(k, q, "k");
   check(v, q, "v");
+  return std::min(block, m);
 }
 
 template <typename T>
@@ -223,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor> segment_attention_forward(const at::Tensor& q
                                                              const at::Tensor& k,
                                                              const at::Tensor& v, int64_t m,
                                                              int64_t block) {
-  check_inputs(q, k, v, m, block);
+  block = check_inputs(q, k, v, m, block);
   const int64_t bh = q.size(0), n = q.size(1), d = q.size(2);
   auto out = at::empty_like(q);
   auto lse = at::empty({bh, n}, q.options());
@@ -238,7 +240,7 @@ std::tuple<at::Tensor, at::Tensor> segment_attention_forward(const at::Tensor& q
 std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_attention_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, int64_t m, int64_t block) {
-  check_inputs(q, k, v, m, block);
+  block = check_inputs(q, k, v, m, block);
   check(grad, q, "grad");
   check(out, q, "out");
   check(lse, q, "lse");
