@@ -1,54 +1,274 @@
-"""Atomic folders: build in a temporary sibling, then rename into place.
+"""Crash-safe folders: complete versions behind an atomically replaced symlink.
 
-A reader of ``out`` sees the previous complete folder or the new complete one, never a partial
-one: a crash or kill while building leaves ``out`` untouched, and the temporary folder (whose name
-no reader trusts) is removed on the next build.
+``atomic_directory(out)`` builds the new folder in a temporary sibling
+``.{name}.tmp-{host}-{pid}-{rand}``. Once it is complete it is renamed to a version folder
+``.{name}.v-{time}-{host}-{pid}-{rand}``, a relative symlink to it replaces ``out`` with one
+``rename`` (atomic), and only then is the version it replaced deleted. So at every instant ``out``
+names the previous complete folder or the new one: a kill at any point leaves a usable folder.
+
+A legacy ``out`` that is a real folder (written before versions existed) is first renamed to a
+version folder. A kill in the short window before the symlink appears leaves ``out`` missing:
+``current_version`` then falls back to the newest version folder, and the next build links it
+again. The same fallback finds a legacy ``.{name}.old-*`` folder that an older release left when it
+was killed between its two renames.
+
+Readers that read several files call ``current_version`` once and read them all from the real
+folder it returns, so they see one version even while another process replaces ``out``.
+
+Several processes, on several hosts sharing a file system, may build the same ``out`` at once.
+The short step that links a version and removes leftovers is serialised by an advisory lock
+(``flock`` on ``.{name}.lock``; the kernel releases it when its holder dies, so it never goes
+stale). A leftover (temporary, unlinked version, half-placed symlink) is removed only when the
+host and pid in its name are this host's and belong to no living process, and never when it is
+the current version; another host's leftovers are left for that host to remove.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
+import re
 import shutil
+import socket
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+HOST = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
+KINDS = ("tmp", "v", "link", "del")  # being built, complete version, symlink, being deleted
+
 
 @contextmanager
 def atomic_directory(out: Path) -> Iterator[Path]:
-    """Yields an empty temporary folder; on success it replaces ``out``, on error it is removed."""
+    """Yields an empty temporary folder; on success it becomes ``out``'s new version (``out``
+    names the old complete folder or the new one at every instant), on error it is removed."""
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    for stale in out.parent.glob(f".{out.name}.tmp-*"):
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    with locked(_sibling(out, "lock")):
+        _recover(out)
+        _remove_stale(out)
+    tag = _tag()
+    tmp = _sibling(out, "tmp", tag)
     tmp.mkdir()
     try:
         yield tmp
-        _swap_into_place(tmp, out)
+        _publish(tmp, out, tag)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    """Replace ``out`` by ``tmp`` with renames; the old folder is removed only afterwards."""
-    trash = None
-    if out.exists():
-        trash = out.parent / f".{out.name}.old-{uuid.uuid4().hex[:8]}"
-        os.replace(out, trash)
-    os.replace(tmp, out)
-    if trash is not None:
-        shutil.rmtree(trash, ignore_errors=True)
+def remove_directory(out: Path) -> None:
+    """Remove ``out``: its link and the version it names (or a real folder), and every other
+    version of it that no living process of this host is writing, so that nothing is left for a
+    reader to fall back to. Each folder is renamed out of the version namespace before it is
+    deleted, so a kill meanwhile leaves no partial version either."""
+    out = Path(out)
+    if not out.parent.is_dir():
+        return
+    trash = []
+    with locked(_sibling(out, "lock")):
+        if out.is_symlink():
+            target = _own_target(out)
+            trash.append(_delete(target, out, later=True) if target is not None else None)
+            out.unlink()
+        elif out.is_dir():
+            trash.append(_delete(out, out, later=True))
+        for version in _versions(out, "v"):
+            owner = _owner(version.name, f".{out.name}.")
+            if owner is not None and owner[0] == HOST and (owner[1] == os.getpid()
+                                                          or not _alive(owner[1])):
+                trash.append(_delete(version, out, later=True))
+    for folder in trash:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def temporary_directory(near: Path) -> Iterator[Path]:
+    """An empty folder ``.{name}.tmp-{host}-{pid}-{rand}`` beside ``near``, removed on exit; the
+    ones that dead processes of this host left beside ``near`` are removed first."""
+    near = Path(near)
+    near.parent.mkdir(parents=True, exist_ok=True)
+    _remove_stale(near)
+    tmp = _sibling(near, "tmp", _tag())
+    tmp.mkdir()
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write a file through a temporary sibling and a rename: readers see all of it or none."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    _remove_stale(path)
+    tmp = _sibling(path, "tmp", _tag())
     try:
         tmp.write_bytes(data)
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive advisory lock on the file ``path`` (created if missing). A process that
+    dies releases it, so a lock never outlives its holder."""
+    with open(path, "a+b") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        yield  # closing the file releases the lock
+
+
+def current_version(out: Path) -> Path:
+    """The real folder that ``out`` names now: its symlink's target, ``out`` itself when it is a
+    real folder, else (a kill while a legacy folder was replaced) the newest complete version
+    folder; ``out`` when there is none. Read every file of one folder from this path."""
+    out = Path(out)
+    try:
+        target = out.parent / os.readlink(out)
+    except OSError:  # not a symlink, or missing
+        if out.is_dir():
+            return out
+    else:
+        if target.is_dir():
+            return target
+    return _fallback(out) or out
+
+
+def _remove_stale(out: Path) -> None:
+    """Remove the temporaries, versions and symlinks beside ``out`` that dead processes of this
+    host left, keeping ``out``'s current version. Anything else (a living process's, another
+    host's, a name not in this scheme) is left alone."""
+    out = Path(out)
+    keep = current_version(out)
+    prefix = f".{out.name}."
+    for entry in os.scandir(out.parent):
+        owner = _owner(entry.name, prefix)
+        if owner is None or owner[0] != HOST or _alive(owner[1]):
+            continue
+        path = Path(entry.path)
+        if path != keep:
+            _delete(path, out)
+
+
+def _tag() -> str:
+    return f"{HOST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def _sibling(out: Path, kind: str, tag: str = "") -> Path:
+    if kind == "lock":
+        return out.parent / f".{out.name}.lock"
+    if kind == "v":  # the time first: versions sort from oldest to newest by name
+        tag = f"{time.time_ns():020d}-{tag}"
+    return out.parent / f".{out.name}.{kind}-{tag}"
+
+
+def _owner(name: str, prefix: str) -> tuple[str, int] | None:
+    """(host, pid) from a name ``{prefix}{kind}-[time-]{host}-{pid}-{rand}``, else None."""
+    for kind in KINDS:
+        if name.startswith(f"{prefix}{kind}-"):
+            rest = name[len(prefix) + len(kind) + 1:]
+            if kind == "v":
+                rest = rest.partition("-")[2]
+            parts = rest.rsplit("-", 2)  # the host name may hold dashes itself
+            if len(parts) == 3 and parts[1].isdigit():
+                return parts[0], int(parts[1])
+    return None
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _versions(out: Path, kind: str) -> list[Path]:
+    prefix = f".{out.name}.{kind}-"
+    return [Path(e.path) for e in os.scandir(out.parent)
+            if e.name.startswith(prefix) and e.is_dir(follow_symlinks=False)]
+
+
+def _fallback(out: Path) -> Path | None:
+    """The newest version folder, else the newest legacy ``.old-*`` folder, else None."""
+    if not out.parent.is_dir():
+        return None
+    versions = sorted(_versions(out, "v"), key=lambda p: p.name)
+    if versions:
+        return versions[-1]
+    legacy = _versions(out, "old")
+    return max(legacy, key=lambda p: p.stat().st_ctime_ns) if legacy else None
+
+
+def _recover(out: Path) -> None:
+    """Link ``out`` again to the folder readers fall back to when it is missing."""
+    if out.exists() or (found := _fallback(out)) is None:
+        return
+    if not found.name.startswith(f".{out.name}.v-"):  # adopt a legacy .old-* folder
+        version = _sibling(out, "v", _tag())
+        os.rename(found, version)
+        found = version
+    _link(out, found)
+
+
+def _link(out: Path, version: Path) -> None:
+    """Point ``out`` at ``version`` with one rename over it: readers see the old or the new."""
+    link = _sibling(out, "link", _tag())
+    os.symlink(version.name, link)  # relative: the parent folder may be moved or copied
+    os.replace(link, out)
+
+
+def _publish(tmp: Path, out: Path, tag: str) -> None:
+    version = _sibling(out, "v", tag)
+    with locked(_sibling(out, "lock")):
+        if out.is_dir() and not out.is_symlink():  # a legacy real folder becomes a version
+            old: Path | None = _sibling(out, "v", _tag())
+            os.rename(out, old)
+        else:
+            old = _own_target(out)
+        os.rename(tmp, version)
+        _link(out, version)
+        trash = _delete(old, out, later=True) if old is not None else None
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
+
+
+def _own_target(out: Path) -> Path | None:
+    """The version folder ``out`` links to, if it is one of ours (never a folder elsewhere that a
+    user linked ``out`` to)."""
+    try:
+        target = out.parent / os.readlink(out)
+    except OSError:
+        return None
+    own = target.parent == out.parent and target.name.startswith(f".{out.name}.v-")
+    return target if own else None
+
+
+def _delete(path: Path, out: Path, later: bool = False) -> Path | None:
+    """Remove ``path``. A folder is first renamed out of the version namespace, so that a kill
+    while it is removed never leaves a partial folder that a reader could fall back to; with
+    ``later`` the renamed folder is returned for the caller to remove."""
+    if path.is_symlink() or not path.is_dir():
+        path.unlink(missing_ok=True)
+        return None
+    trash = path
+    if not path.name.startswith(f".{out.name}.del-"):
+        trash = _sibling(out, "del", _tag())
+        try:
+            os.rename(path, trash)
+        except FileNotFoundError:  # removed by another process meanwhile
+            return None
+    if later:
+        return trash
+    shutil.rmtree(trash, ignore_errors=True)
+    return None

@@ -155,3 +155,49 @@ def test_bad_tokenizer_file(wikitext, tmp_path):
     with pytest.raises(ValueError, match=r"tokenizer\.json"):
         prepare(open_source("wikitext103", wikitext), str(bad), out=tmp_path / "c",
                 progress=False)
+
+
+def test_text_corpora_get_their_own_default_folders(tmp_path, monkeypatch):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text(TEXT * 30)
+    b.write_text(TEXT * 31)
+    first = prepare(open_source("text", a), "bytes", progress=False)
+    second = prepare(open_source("text", b), "bytes", progress=False)
+    assert first.path != second.path
+    assert first.path.parent == second.path.parent == tmp_path / "cache" / "tokens"
+    monkeypatch.setattr(cache_module, "_build", _no_rebuild)  # neither evicted the other
+    monkeypatch.chdir(tmp_path)  # the same file named by a relative path: the same corpus
+    again = prepare(open_source("text", "a.txt"), "bytes", progress=False)
+    assert again.path == first.path
+    train = again.tokens("train")
+    np.testing.assert_array_equal(train, np.frombuffer((TEXT * 30).encode()[:len(train)],
+                                                       np.uint8))
+
+
+def test_default_folder_kept_and_rebuilt_when_the_corpus_changes(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "1.txt").write_text(TEXT * 30)
+    first = prepare(open_source("text", corpus), "bytes", progress=False)
+    (corpus / "1.txt").write_text(TEXT * 20)  # smaller: the split bounds move
+    (corpus / "2.txt").write_text(TEXT * 15)
+    second = prepare(open_source("text", corpus), "bytes", progress=False)
+    assert second.path == first.path
+    assert sum(second.stats(s)["bytes"] for s in ("train", "valid", "test")) == len(
+        (TEXT * 35).encode())
+    assert [p.name for p in first.path.parent.iterdir() if not p.name.startswith(".")] == [
+        first.path.name]
+
+
+def test_other_split_fractions_get_another_default_folder(tmp_path):
+    corpus = tmp_path / "a.txt"
+    corpus.write_text(TEXT * 30)
+    first = prepare(open_source("text", corpus), "bytes", progress=False)
+    other = prepare(open_source("text", corpus, fractions=(0.8, 0.1, 0.1)), "bytes",
+                    progress=False)
+    assert other.path != first.path
+    assert other.stats("valid")["bytes"] > first.stats("valid")["bytes"]
+
+
+def _no_rebuild(*args, **kwargs):
+    raise AssertionError("a complete, current cache was rebuilt")

@@ -4,8 +4,13 @@ A cache folder holds ``{train,valid,test}.bin`` (uint16 when the vocabulary fits
 the tokenizer (``tokenizer.json``) and ``manifest.json``: the source's identity and hash, the
 tokenizer's identity hash, and per split the counts of tokens, UTF-8 bytes, words and lines (what
 ``bits_per_byte`` and ``ppl_word`` are normalised by). A cache whose source or tokenizer changed
-is rebuilt, never reused. It is built in a temporary folder and renamed into place, so an
-interrupted prepare leaves nothing that a later run accepts.
+is rebuilt, never reused.
+
+The cache folder is replaced atomically (``fsutil.atomic_directory``): at every instant it names
+a complete cache, the previous one or the new one, and a killed prepare leaves nothing that a
+later run accepts. ``open_cache`` reads one version of it, even while it is being replaced. Two
+processes that prepare the same cache at once take turns on an advisory lock: the second one
+waits and then reuses what the first built.
 """
 
 from __future__ import annotations
@@ -17,11 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tqdm import tqdm
 
 from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir, open_source
 from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
-from ecp_lm.fsutil import atomic_directory
+from ecp_lm.fsutil import atomic_directory, current_version, locked
+from ecp_lm.progress import bar as progress_bar
+from ecp_lm.progress import interactive
 
 MANIFEST = "manifest.json"
 FORMAT = "ecp-lm-token-cache/1"
@@ -31,7 +37,10 @@ ENCODE_BATCH = 8  # chunks of ~1 MB encoded together (BPE encodes a batch in par
 @dataclass
 class TokenCache:
     directory: Path
+    """The real folder of one version of the cache: every file is read from it."""
     manifest: dict[str, Any]
+    path: Path | None = None
+    """The cache folder as it was named (a symlink to ``directory``)."""
 
     @property
     def vocab_size(self) -> int:
@@ -54,36 +63,38 @@ class TokenCache:
     def check_vocab(self, vocab_size: int) -> None:
         """Token ids must fit a model with ``vocab_size`` embeddings."""
         if self.vocab_size > vocab_size:
-            raise ValueError(f"token cache {self.directory} has vocabulary {self.vocab_size}, "
+            raise ValueError(f"token cache {self.path} has vocabulary {self.vocab_size}, "
                              f"more than the model's vocab_size={vocab_size}; set "
                              f"model.vocab_size={self.vocab_size}")
 
 
 def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> TokenCache:
-    """A complete cache, checked: manifest, format, file sizes, and (if given) the tokenizer."""
-    directory = Path(directory)
+    """A complete cache, checked: manifest, format, file sizes, and (if given) the tokenizer.
+    Its files are read from the version the folder names now (``TokenCache.directory``)."""
+    named = Path(directory)
+    directory = current_version(named)
     path = directory / MANIFEST
     if not path.is_file():
-        raise ValueError(f"{directory} is not a complete token cache (no {MANIFEST}); "
+        raise ValueError(f"{named} is not a complete token cache (no {MANIFEST}); "
                          f"run `ecp data prepare`")
     try:
         manifest = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"{path} is unreadable: {err}") from err
     if manifest.get("format") != FORMAT:
-        raise ValueError(f"{directory}: cache format {manifest.get('format')!r}, "
+        raise ValueError(f"{named}: cache format {manifest.get('format')!r}, "
                          f"expected {FORMAT!r}; prepare it again")
     itemsize = np.dtype(manifest["dtype"]).itemsize
     for split, info in manifest["splits"].items():
         file = directory / info["file"]
         if not file.is_file() or file.stat().st_size != info["tokens"] * itemsize:
-            raise ValueError(f"{directory}: {split} tokens are missing or truncated; "
+            raise ValueError(f"{named}: {split} tokens are missing or truncated; "
                              f"prepare the cache again")
     found = manifest["tokenizer"]["identity"]
     if tokenizer_identity is not None and found != tokenizer_identity:
-        raise ValueError(f"{directory} was built with another tokenizer ({found[:12]}), "
+        raise ValueError(f"{named} was built with another tokenizer ({found[:12]}), "
                          f"not {tokenizer_identity[:12]}")
-    return TokenCache(directory, manifest)
+    return TokenCache(directory, manifest, named)
 
 
 def tokenizer_request(spec: str, vocab_size: int) -> dict[str, Any]:
@@ -111,17 +122,28 @@ def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096
     request = tokenizer_request(tokenizer, vocab_size)
     out = Path(out) if out is not None else default_cache_dir(source, _slug(request))
     identity = source.identity()
-    if not force:
-        try:
-            cache = open_cache(out)
-        except ValueError:
-            cache = None
-        if (cache is not None and cache.manifest["source"]["hash"] == identity["hash"]
-                and cache.manifest["tokenizer"]["request"] == request):
+    if not force and (cache := _current(out, identity, request)) is not None:
+        return cache
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with locked(out.parent / f".{out.name}.prepare.lock"):
+        # another process may have built it while this one waited for the lock
+        if not force and (cache := _current(out, identity, request)) is not None:
             return cache
-    with atomic_directory(out) as tmp:
-        _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
-    return open_cache(out)
+        with atomic_directory(out) as tmp:
+            _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
+        return open_cache(out)
+
+
+def _current(out: Path, identity: dict, request: dict) -> TokenCache | None:
+    """The cache at ``out`` if it was built from this source and tokenizer request."""
+    try:
+        cache = open_cache(out)
+    except ValueError:
+        return None
+    if (cache.manifest["source"]["hash"] == identity["hash"]
+            and cache.manifest["tokenizer"]["request"] == request):
+        return cache
+    return None
 
 
 def _build(source: TextSource, spec: str, vocab_size: int, request: dict, identity: dict,
@@ -129,7 +151,7 @@ def _build(source: TextSource, spec: str, vocab_size: int, request: dict, identi
     def train_texts():
         return (c.decode("utf-8", errors="replace") for c in source.chunks("train"))
 
-    tok = make_tokenizer(spec, train_texts, vocab_size, show_progress=progress)
+    tok = make_tokenizer(spec, train_texts, vocab_size, show_progress=progress and interactive())
     tok.save(tmp)
     dtype = np.uint16 if tok.vocab_size <= 1 << 16 else np.uint32
     splits = {split: _encode_split(source, split, tok, dtype, tmp, progress) for split in SPLITS}
@@ -146,8 +168,8 @@ def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Pa
                   progress: bool) -> dict[str, Any]:
     counts = {"tokens": 0, "bytes": 0, "words": 0, "lines": 0, "invalid_utf8": 0}
     last = b""
-    bar = tqdm(total=source.split_bytes(split), unit="B", unit_scale=True,
-               desc=f"{source.name} {split} ({tok.kind})", disable=not progress)
+    bar = progress_bar(total=source.split_bytes(split), unit="B", unit_scale=True,
+                       desc=f"{source.name} {split} ({tok.kind})", enabled=progress)
     with open(tmp / f"{split}.bin", "wb") as f, bar:
         for batch in _batched(source.chunks(split), ENCODE_BATCH):
             for data, ids in zip(batch, tok.encode_batch(batch), strict=True):
@@ -199,7 +221,7 @@ def open_run_cache(data: Any, model_vocab_size: int, is_main: bool = True,
 def describe(cache: TokenCache) -> str:
     """The manifest as a table: tokens, bytes, words, tokens per word, bytes per token."""
     m = cache.manifest
-    lines = [f"cache      {cache.directory}",
+    lines = [f"cache      {cache.path or cache.directory}",
              f"source     {m['source']['source']} (sha256 {m['source']['hash'][:16]}…, "
              f"{m['source']['files']} file(s))",
              f"tokenizer  {m['tokenizer']['kind']}, vocab {m['tokenizer']['vocab_size']}, "

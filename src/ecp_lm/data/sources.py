@@ -3,12 +3,18 @@
 Every source yields, per split (``train``, ``valid``, ``test``), a stream of byte chunks cut at
 line ends, so that nothing (PG-19 is ~11 GB) is ever loaded whole, and has an identity: the files
 it reads with their sizes and a content hash, used to tell whether a token cache is stale.
+
+The default token cache folder of a source is named after the source, a short key of its
+location (the resolved paths it was opened with and how they are split, never their contents) and
+the tokenizer: two corpora never share a folder, and one corpus keeps its folder when its files
+change (the content hash then triggers a rebuild in place).
 """
 
 from __future__ import annotations
 
 import bz2
 import hashlib
+import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -27,6 +33,17 @@ class TextSource:
 
     def ranges(self, split: str) -> list[tuple[Path, int, int]]:
         raise NotImplementedError
+
+    def location(self) -> object:
+        """Where the source reads, as JSON-able data that does not depend on the files'
+        contents: here each split's files in order; sources split by sizes override it."""
+        return {s: [str(p.resolve()) for p in dict.fromkeys(p for p, _, _ in self.ranges(s))]
+                for s in SPLITS}
+
+    def location_key(self) -> str:
+        """A short hash of ``location()``: names the source's default cache folder."""
+        text = json.dumps([self.name, self.location()], sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:10]
 
     def split_bytes(self, split: str) -> int:
         return sum(stop - start for _, start, stop in self.ranges(split))
@@ -54,7 +71,8 @@ class TextSource:
                     yield carry
 
     def identity(self) -> dict:
-        """Files, sizes and a hash: content sha256 up to 1 GiB, else path/size/mtime."""
+        """Files, sizes and a hash of them and of the byte ranges of each split: content sha256
+        up to 1 GiB, else path/size/mtime."""
         files = sorted({path for split in SPLITS for path, _, _ in self.ranges(split)})
         stats = [(str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
         digest = hashlib.sha256(repr([(p.name, size) for p, (_, size, _) in
@@ -68,6 +86,9 @@ class TextSource:
         else:
             digest.update(repr(stats).encode())
             method = "stat"
+        index = {path: i for i, path in enumerate(files)}  # which bytes make which split
+        digest.update(repr([[(index[p], a, b) for p, a, b in self.ranges(s)]
+                             for s in SPLITS]).encode())
         ranges = {s: [(str(p), a, b) for p, a, b in self.ranges(s)] for s in SPLITS}
         return {"source": self.name, "hash": digest.hexdigest(), "hash_method": method,
                 "files": len(files), "ranges": ranges if len(files) <= 16 else None}
@@ -148,6 +169,9 @@ class PG19(TextSource):
     def ranges(self, split: str) -> list[tuple[Path, int, int]]:
         return [_whole(book) for book in self.books[split]]
 
+    def location(self) -> object:
+        return str(self.path.resolve())  # books added or removed: the same corpus, rebuilt
+
 
 class Enwik8(TextSource):
     """One file split by bytes 90% / 5% / 5% (for enwik8 itself: 90M / 5M / 5M)."""
@@ -160,6 +184,9 @@ class Enwik8(TextSource):
 
     def ranges(self, split: str) -> list[tuple[Path, int, int]]:
         return self.split_ranges[split]
+
+    def location(self) -> object:
+        return str(self.file.resolve())  # the split bounds move with the size
 
 
 class TextFiles(TextSource):
@@ -174,14 +201,22 @@ class TextFiles(TextSource):
             if missing:
                 raise ValueError(f"text: no file given for split(s) {', '.join(missing)}")
             self.split_ranges = {s: [_whole(p) for p in _expand(splits[s])] for s in SPLITS}
+            self._location: object = {s: str(Path(splits[s]).resolve()) for s in SPLITS}
         else:
             files = [p for path in paths for p in _expand(path)]
             if not files:
                 raise ValueError("text: give --path FILE_OR_FOLDER (or one file per split)")
             self.split_ranges = _fraction_ranges(files, fractions)
+            self._location = {"paths": [str(Path(p).resolve()) for p in paths],
+                              "fractions": [float(f) for f in fractions]}
 
     def ranges(self, split: str) -> list[tuple[Path, int, int]]:
         return self.split_ranges[split]
+
+    def location(self) -> object:
+        """The given files and folders (not the files below a folder: adding one is a change of
+        the same corpus) and how they are split."""
+        return self._location
 
 
 def _expand(path: str | Path) -> list[Path]:
@@ -232,4 +267,5 @@ def open_source(name: str, path: str | Path | None = None, *,
 
 
 def default_cache_dir(source: TextSource, tokenizer_key: str) -> Path:
-    return cache_root() / "tokens" / f"{source.name}-{tokenizer_key}"
+    """``<user cache>/tokens/SOURCE-KEY-TOKENIZER``, KEY the source's ``location_key()``."""
+    return cache_root() / "tokens" / f"{source.name}-{source.location_key()}-{tokenizer_key}"
