@@ -1,12 +1,14 @@
 """Generation: cached decoding equals full forwards, ECP streams past the window in constant
 memory, sampling options behave, bad input is refused."""
 
+import contextlib
+
 import pytest
 import torch
 
 from ecp_lm import build_model
 from ecp_lm.config import ARCHS
-from ecp_lm.generate import generate, sample
+from ecp_lm.generation import generate, sample
 from helpers import TINY, random_tokens, sharp_model
 
 N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]
@@ -150,3 +152,44 @@ def test_generate_cli(tmp_path, capsys):
     assert code == 2 and "has no tokenizer.json" in err and err.count("\n") == 1
     code = main(["generate", "--ckpt", str(tmp_path / "run"), "--prompt", "x", "--top-p", "2"])
     assert code == 2 and "top_p=2.0" in capsys.readouterr().err
+
+
+def test_caches_follow_the_model_dtype():
+    model = sharp_model("ecp")
+    assert model.make_caches(1)[0].k.dtype == torch.float32
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert model.make_caches(1)[0].k.dtype == torch.bfloat16
+    assert model.make_caches(1, dtype=torch.float64)[0].k.dtype == torch.float64
+    model.to(torch.bfloat16)
+    cache = model.make_caches(1)[0]
+    assert cache.k.dtype == cache.v.dtype == torch.bfloat16 and cache.pos.dtype == torch.long
+
+
+def low_precision_generation(arch, autocast):
+    """(bf16 tokens, step logits, the uncached bf16 step logits, float32 tokens) of a cached
+    greedy generation by a bfloat16 model, or by a float32 model under bf16 autocast."""
+    model = sharp_model(arch)
+    prompt = random_tokens(2, 5)
+    new = 3 * N if arch == "ecp" else N - 5
+    f32 = generate(model, prompt, new)
+    if autocast:
+        context = torch.autocast("cpu", dtype=torch.bfloat16)
+    else:
+        model.to(torch.bfloat16)
+        context = contextlib.nullcontext()
+    with context, torch.no_grad():
+        out, logits = generate(model, prompt, new, return_logits=True)
+        reference = reference_step_logits(model, out, prompt.size(1)).float()
+    return out, logits, reference, f32
+
+
+@pytest.mark.parametrize("autocast", [False, True], ids=["bf16-model", "bf16-autocast"])
+@pytest.mark.parametrize("arch", ["ecp", "transformer"])
+def test_cached_generation_in_bfloat16(arch, autocast):
+    out, logits, reference, f32 = low_precision_generation(arch, autocast)
+    assert logits.dtype == torch.float32  # step logits are handed out in float32
+    # bf16 keeps 8 bits of mantissa: logits of a few units agree to a few hundredths
+    torch.testing.assert_close(logits, reference, atol=0.1, rtol=0.02)
+    assert logits.abs().amax() > 1.0  # not trivially small
+    agreement = (out[:, 5:] == f32[:, 5:]).float().mean()
+    assert agreement >= 0.9, agreement

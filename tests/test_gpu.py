@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ecp_lm.config import ARCHS
-from ecp_lm.generate import generate
+from ecp_lm.generation import generate
 from helpers import random_tokens, sharp_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -9,9 +9,12 @@ Without a cache, each new token is predicted from the context the architecture c
   the training window; the perceiver family right-aligns shorter contexts, SPEC §4).
 
 With a cache (``use_cache=True``, ecp and transformer) the prompt is prefilled once and each
-token then costs one decode step against the per-layer KV caches (models/cache.py). ECP's cache
-holds at most 2m positions, so it generates without limit in constant memory and time per token.
-The transformer's cache covers its window N; past N it slides the window as above.
+token then costs one decode step against the per-layer KV caches (models/cache.py), kept in the
+dtype the model computes in (its parameters', or autocast's when generating under
+``torch.autocast``). ECP's cache holds at most 2m positions, so it generates without limit in
+constant memory and time per token, exactly at any position (rotary angles are reduced exactly,
+models/rope.py). The transformer's cache covers its window N; past N it slides the window as
+above.
 """
 
 from __future__ import annotations
@@ -25,12 +28,9 @@ from ecp_lm.models import LanguageModel
 
 
 def context_start(model: LanguageModel, length: int) -> int:
-    """First token index the next prediction after ``length`` tokens needs."""
-    cfg = model.cfg
-    if cfg.arch == "ecp":
-        m = cfg.segment_len  # the prediction is the output at the last position, length - 1
-        return max(0, (length - 1) // m - cfg.n_layers) * m
-    return max(0, length - cfg.seq_len)
+    """First token index the next prediction after ``length`` tokens needs (the architecture's
+    ``context_start``): a multiple of m for ecp, so the context keeps its segment alignment."""
+    return model.arch.context_start(length)
 
 
 def sample(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -52,14 +52,18 @@ def sample(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def _check(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperature: float,
-           top_k: int | None, top_p: float | None) -> None:
+def check_generate_args(model: LanguageModel, prompt: Tensor, max_new_tokens: int,
+                        temperature: float = 0.0, top_k: int | None = None,
+                        top_p: float | None = None) -> None:
+    """Raises ValueError, with a message a user can act on, for arguments ``generate`` would
+    refuse; a caller can validate before producing any output."""
     if prompt.dim() != 2 or prompt.size(1) == 0 or prompt.dtype != torch.long:
         raise ValueError(f"prompt must be a non-empty (B, T) int64 tensor, got shape "
                          f"{tuple(prompt.shape)} dtype {prompt.dtype}")
-    if int(prompt.min()) < 0 or int(prompt.max()) >= model.cfg.vocab_size:
+    lo, hi = int(prompt.min()), int(prompt.max())  # once, before generation starts
+    if lo < 0 or hi >= model.cfg.vocab_size:
         raise ValueError(f"prompt token ids must lie in 0..{model.cfg.vocab_size - 1}, got "
-                         f"{int(prompt.min())}..{int(prompt.max())}")
+                         f"{lo}..{hi}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
     if temperature < 0:
@@ -78,7 +82,7 @@ def stream(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperatur
            eos_id: int | None = None, use_cache: bool = True
            ) -> Iterator[tuple[Tensor, Tensor]]:
     """Yields (next tokens (B,), their logits (B, V)) one step at a time."""
-    _check(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    check_generate_args(model, prompt, max_new_tokens, temperature, top_k, top_p)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=prompt.device).manual_seed(seed)

@@ -16,7 +16,6 @@ from ecp_lm.config import ModelConfig
 from ecp_lm.models.archs import ARCHITECTURES
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
-from ecp_lm.models.rows import Rows
 
 
 class LanguageModel(nn.Module):
@@ -51,56 +50,87 @@ class LanguageModel(nn.Module):
 
     def hidden_states(self, tokens: Tensor, caches: list[KVCache] | None = None,
                       start_pos: int = 0) -> Tensor:
-        """tokens (B, T) int64 -> final-normed hidden states of the predicted positions, (B, P, d)
-        (P as in ``forward``). With ``caches`` (ecp, transformer) the tokens take positions
-        ``start_pos`` .. and their keys/values go into the caches (see ``prefill``)."""
+        """tokens (B, T) int64 at positions ``start_pos`` .. -> final-normed hidden states of the
+        predicted positions, (B, P, d) (P as in ``forward``). With ``caches`` (ecp, transformer)
+        their keys/values go into the caches (see ``prefill``); a decode step into filled caches
+        may continue at any position, a window only where ``check_start_pos`` allows."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
                              f"{tuple(tokens.shape)} dtype {tokens.dtype}")
         t = tokens.size(1)
+        if caches is None or not caches[0].filled:
+            self.arch.check_start_pos(start_pos)
         self.arch.check_length(start_pos + t)
-        lo, hi = int(tokens.min()), int(tokens.max())
-        if lo < 0 or hi >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
-                             f"got min {lo} max {hi}")
-        rows, n_predicted = self.arch.input_rows(t), self.arch.num_predicted(t)
-        if start_pos:
-            rows = Rows.span(start_pos, start_pos + t)
+        self._check_token_ids(tokens)
+        rows, n_predicted = self.arch.input_rows(t, start_pos), self.arch.num_predicted(t)
         x = self.dropout(self.embed(tokens))  # (B, T, d)
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted), cache)
         return self.norm(x[:, x.size(1) - n_predicted:])
 
-    def forward(self, tokens: Tensor) -> Tensor:
+    def _check_token_ids(self, tokens: Tensor) -> None:
+        """Out-of-range ids as a ValueError, in eager mode on CPU only. Reading the ids back is a
+        host sync that would stall an accelerator and break a compiled graph; ids are validated
+        where they enter instead (data layer, ``generate``, CLI), and elsewhere an out-of-range
+        id fails inside the embedding."""
+        if tokens.device.type != "cpu" or torch.compiler.is_compiling():
+            return
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= self.cfg.vocab_size:
+            raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
+                             f"got min {lo} max {hi}")
+
+    def forward(self, tokens: Tensor, start_pos: int = 0) -> Tensor:
         """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = T for ecp and
         transformer and min(latent_len, T) for the perceiver family; or (B, num_classes) with a
-        classification head (over the mean hidden state of the predicted positions)."""
-        hidden = self.hidden_states(tokens)
+        classification head (over the mean hidden state of the predicted positions).
+
+        ``start_pos``: the absolute position of the first token, where the architecture allows
+        one other than 0 (ecp: any multiple of m, computing the same function as at 0); a
+        ValueError otherwise."""
+        hidden = self.hidden_states(tokens, start_pos=start_pos)
         if self.cfg.num_classes is not None:
             return self.head(hidden.mean(dim=1))
         return self.head(hidden)
 
     # Incremental decoding (ecp, transformer) ---------------------------------------------------
+    def compute_dtype(self, device_type: str) -> torch.dtype:
+        """The dtype activations come out in: autocast's where it is on, else the parameters'."""
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return self.embed.weight.dtype
+
     def make_caches(self, batch_size: int, device: torch.device | str | None = None,
-                    dtype: torch.dtype = torch.float32) -> list[KVCache] | None:
-        """One empty KV cache per layer, or None if this architecture decodes by recomputing."""
+                    dtype: torch.dtype | None = None) -> list[KVCache] | None:
+        """One empty KV cache per layer, or None if this architecture decodes by recomputing.
+        By default on the model's device, in ``compute_dtype`` (call it under the same autocast
+        as the decoding)."""
         capacity = self.arch.cache_capacity
         if capacity is None or self.cfg.num_classes is not None:
             return None
+        device = torch.device(device) if device is not None else self.embed.weight.device
+        dtype = dtype or self.compute_dtype(device.type)
         return [KVCache(batch_size, self.cfg.n_heads, capacity, self.cfg.head_dim, dtype, device)
                 for _ in self.blocks]
 
-    def prefill(self, tokens: Tensor, caches: list[KVCache]) -> Tensor:
-        """Logits (B, T, V) of a prompt at positions 0 .. T-1, filling empty caches."""
+    def prefill(self, tokens: Tensor, caches: list[KVCache], start_pos: int = 0) -> Tensor:
+        """Logits (B, T, V) of a prompt at positions ``start_pos`` .. (as in ``forward``),
+        filling empty caches."""
         if any(cache.filled for cache in caches):
             raise ValueError("prefill needs empty caches (make_caches)")
-        return self.head(self.hidden_states(tokens, caches))
+        for cache in caches:
+            cache.start_at(start_pos)
+        return self.head(self.hidden_states(tokens, caches, start_pos))
 
     def decode_one_token(self, token: Tensor, pos: int, caches: list[KVCache]) -> Tensor:
-        """Logits (B, V) after ``token`` (B, 1) at absolute position ``pos``."""
+        """Logits (B, V) after ``token`` (B, 1) at absolute position ``pos``, the position after
+        the last one in the caches."""
         if token.shape[1:] != (1,) or not caches[0].filled:
             raise ValueError("decode_one_token takes one (B, 1) token after a prefill")
+        if pos != caches[0].next_pos:
+            raise ValueError(f"decode_one_token at pos={pos}, but the caches continue at "
+                             f"position {caches[0].next_pos}")
         return self.head(self.hidden_states(token, caches, start_pos=pos))[:, -1]
 
     def loss(self, tokens: Tensor) -> Tensor:

@@ -1,9 +1,49 @@
-"""Rotary position embedding (RoPE), applied to queries and keys at absolute positions."""
+"""Rotary position embedding (RoPE), applied to queries and keys at absolute positions.
+
+A query at position p and a key at position p' score ``q·R(θ(p') − θ(p))·k``: only the offset
+p − p' matters, which is what lets ECP stream without end (its mask depends only on offsets and
+segment indices). That holds numerically only if the angles θ_i(p) = p·ω_i are exact at every p:
+computed in float32 from p, as is usual, their error grows with p (near 10⁷ the same offset
+scores visibly differently than near 0, and streaming generation drifts after about 10⁶ tokens).
+
+Here every angle is reduced modulo 2π exactly enough for float32 at any int64 position, without
+rebasing positions (so a KV cache can keep keys rotated at their absolute positions):
+
+- the position is split into 21-bit chunks, p = c₀ + c₁·2²¹ + c₂·2⁴², each chunk < 2²¹;
+- ``(2^(21j)·ω_i) mod 2π`` is computed once, exactly, in rational arithmetic from the float64
+  frequency ω_i and 2π to 60 digits;
+- θ_i(p) mod 2π = (Σ_j c_j·table[j, i]) mod 2π in float64: three terms below 2²¹·2π, so the
+  error is about 10⁻⁸ rad at every position, far below float32's rounding of an angle (~10⁻⁷);
+- cos and sin are taken in float64 and only then rounded to the activations' dtype.
+
+The table is kept as an int64 buffer holding the float64 bits, so that ``model.to(bfloat16)``,
+which casts floating-point buffers, cannot round it. MPS has no float64: there the angles are
+computed on the CPU and the cos/sin moved to the device.
+"""
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import torch
 from torch import Tensor, nn
+
+TWO_PI = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
+CHUNK_BITS = 21
+N_CHUNKS = 3  # 3 x 21 bits cover every non-negative int64 position
+
+
+def frequencies(head_dim: int, base: float = 10000.0) -> list[float]:
+    """ω_i = base^(-2i/D) for the D/2 feature pairs (float64)."""
+    return [base ** (-i / head_dim) for i in range(0, head_dim, 2)]
+
+
+def angle_table(freqs: list[float]) -> Tensor:
+    """(N_CHUNKS, D/2) float64: ``(2^(21j)·ω_i) mod 2π``, reduced exactly."""
+    rows = [[float(Fraction(w) * 2 ** (CHUNK_BITS * j) % TWO_PI) for w in freqs]
+            for j in range(N_CHUNKS)]
+    return torch.tensor(rows, dtype=torch.float64)
 
 
 class RotaryEmbedding(nn.Module):
@@ -11,12 +51,23 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        table = angle_table(frequencies(head_dim, base))
+        self.register_buffer("table_bits", table.view(torch.int64), persistent=False)
+
+    def angles(self, positions: Tensor) -> Tensor:
+        """positions (R,) int64, >= 0 -> angles (R, D/2) float64 in [0, 2π)."""
+        table = self.table_bits.to(positions.device).view(torch.float64)  # (N_CHUNKS, D/2)
+        low_bits = (1 << CHUNK_BITS) - 1
+        chunks = torch.stack([(positions >> (CHUNK_BITS * j)) & low_bits
+                              for j in range(N_CHUNKS)], dim=-1)  # (R, N_CHUNKS)
+        return torch.remainder(chunks.to(torch.float64) @ table, math.tau)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
         """x (B, H, R, D), positions (R,) int -> (B, H, R, D)."""
-        angles = positions.to(torch.float32)[:, None] * self.inv_freq[None, :]  # (R, D/2)
-        cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+        if positions.device.type == "mps":  # no float64 on MPS
+            positions = positions.cpu()
+        angles = self.angles(positions.long())  # (R, D/2)
+        cos = angles.cos().to(device=x.device, dtype=x.dtype)
+        sin = angles.sin().to(device=x.device, dtype=x.dtype)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

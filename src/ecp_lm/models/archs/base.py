@@ -42,9 +42,22 @@ class Architecture:
             raise ValueError(f"input length {t} is outside 1{bound} accepted by "
                              f"arch={self.cfg.arch!r} (seq_len={self.cfg.seq_len})")
 
-    def input_rows(self, t: int) -> Rows:
-        """The positions held by the rows of an input of length ``t``."""
-        return Rows.span(0, t)
+    def check_start_pos(self, start_pos: int) -> None:
+        """Refuses an absolute offset at which this architecture's function is not defined. Here
+        positions belong to the window, which starts at 0; ECP accepts multiples of m."""
+        if start_pos != 0:
+            raise ValueError(f"start_pos={start_pos}: arch={self.cfg.arch!r} numbers positions "
+                             "within its window, so a window starts at position 0")
+
+    def input_rows(self, t: int, start_pos: int = 0) -> Rows:
+        """The positions held by the rows of an input of length ``t`` whose first token is at
+        ``start_pos`` (a cached decode step may continue at any position)."""
+        return Rows.span(start_pos, start_pos + t)
+
+    def context_start(self, length: int) -> int:
+        """First index of a sequence of ``length`` tokens that the prediction after its last
+        token needs: here the last window of N tokens."""
+        return max(0, length - self.cfg.seq_len)
 
     def num_predicted(self, t: int) -> int:
         """How many trailing positions of an input of length ``t`` are predicted."""
@@ -68,7 +81,7 @@ class PerceiverFamily(Architecture):
     positions N - T .. N - 1 and the left padding is dropped (it is never a key, SPEC §4). The
     last min(l, T) positions are predicted."""
 
-    def input_rows(self, t: int) -> Rows:
+    def input_rows(self, t: int, start_pos: int = 0) -> Rows:
         n, h = self.cfg.seq_len, self.cfg.history_len
         start = n - t
         return Rows(range(min(start, h), h), range(max(start, h), n))

@@ -47,8 +47,13 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) ->
     rq, rk = q.size(-2), k.size(-2)
     if rq == rk:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=causal_lower_right(rq, rk),
-                                          dropout_p=dropout_p)
+    if torch.compiler.is_compiling():
+        # torch.compile cannot construct the CausalBias tensor subclass (a graph break); the same
+        # mask as a dense boolean (Rq, Rk) tensor traces, and the compiler folds it.
+        mask = torch.ones(rq, rk, dtype=torch.bool, device=q.device).tril(rk - rq)
+    else:
+        mask = causal_lower_right(rq, rk)  # lets CUDA use a kernel with the diagonal built in
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
 
 
 @lru_cache(maxsize=32)
@@ -61,7 +66,8 @@ def _segment_pair_mask(m: int, device: torch.device) -> Tensor:
 
 def segment_pair_attention(q: Tensor, k: Tensor, v: Tensor, segment_len: int,
                            dropout_p: float = 0.0) -> Tensor:
-    """ECP attention over rows at positions 0 .. T-1 (T any length >= 1)."""
+    """ECP attention over T rows (any T >= 1) at consecutive positions whose first one starts a
+    segment (0, or any multiple of m: the segment structure is the same)."""
     b, n_heads, t, d = q.shape
     m = segment_len
     pad = -t % m
