@@ -101,7 +101,7 @@ def test_plot_command(tmp_path, capsys):
     assert cli_main(["plot", str(tmp_path / "missing")]) == 2
 
 
-def test_bench_command_writes_json(tmp_path, capsys):
+def test_bench_command_writes_json(tmp_path, capsys, native_kernel):
     import json
 
     from ecp_lm.cli import main as cli_main
@@ -112,7 +112,9 @@ def test_bench_command_writes_json(tmp_path, capsys):
                      "--warmup", "0"])
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["meta"]["ecp_kernel"] in ("native", "flash")
+    # On CPU the native kernel builds in the test environment (the native_kernel fixture):
+    # reporting the flash fallback here would be a silent substitute.
+    assert report["meta"]["ecp_kernel"] == "native"
     rows = report["train"]
     assert [(r["arch"], r["seq_len"]) for r in rows] == [
         ("ecp", 256), ("transformer", 256), ("ecp", 512), ("transformer", 512)]

@@ -1,31 +1,61 @@
-"""The closed-form attention costs equal a brute-force count of the materialised masks."""
+"""The closed-form attention costs equal a brute-force count of masks written out from SPEC §3."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 
 from ecp_lm.complexity import attention_cost, compare, format_table
 from ecp_lm.config import ARCHS, ModelConfig
-from ecp_lm.models import build_model
-from ecp_lm.models.attention import masks
-from ecp_lm.models.rows import Rows
+
+
+def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int], bool]]]:
+    """Each layer's (query rows, key rows, mask on row indices), written out from SPEC §3.
+    Rows are window positions 0 .. N-1, except compressed_double after layer 0: the p compressed
+    rows, then the l latents. The last layer queries only the predicted rows (nothing reads the
+    others); PerceiverAR queries only its latents in every layer."""
+    n, num_layers, s = cfg.seq_len, cfg.n_layers, cfg.num_segments
+    l = cfg.latent_len  # noqa: E741 (the paper's l)
+    h = n - l
+    last = num_layers - 1
+
+    def double(c: int, segment: int | None = None) -> Callable[[int, int], bool]:
+        def mask(q: int, kv: int) -> bool:
+            if q < c:
+                return kv < c and (segment is None or q // segment == kv // segment)
+            return kv <= q
+        return mask
+
+    def causal(q: int, kv: int) -> bool:
+        return kv <= q
+
+    if cfg.arch == "transformer":
+        return [(range(n), range(n), causal)] * num_layers
+    if cfg.arch == "ecp":
+        m = n // s
+
+        def pairs(q: int, kv: int) -> bool:
+            return kv <= q and q // m - kv // m <= 1
+        return [(range(n), range(n), pairs)] * num_layers
+    if cfg.arch == "perceiver_ar":
+        return [(range(h, n), range(n), causal)] + [(range(h, n), range(h, n), causal)] * last
+    if cfg.arch in ("double", "ssplit"):
+        mask = double(h, h // s if cfg.arch == "ssplit" else None)
+        return [(range(h, n) if i == last else range(n), range(n), mask)
+                for i in range(num_layers)]
+    if cfg.arch == "compressed_double":
+        r = cfg.compressed_len + l  # rows after layer 0
+        later = [(range(r - l, r) if i == last else range(r), range(r),
+                  double(cfg.compressed_len)) for i in range(1, num_layers)]
+        return [(range(n), range(n), double(h)), *later]
+    raise AssertionError(f"no SPEC reference for arch={cfg.arch!r}: add its mask here")
 
 
 def brute_force_entries(cfg: ModelConfig) -> list[int]:
-    """Walk the layers as the model does and count the allowed (query, key) pairs of each."""
-    arch = build_model(cfg).arch
-    n = cfg.seq_len
-    rows, n_predicted = arch.input_rows(n), arch.num_predicted(n)
-    counts = []
-    for layer in range(cfg.n_layers):
-        n_query = arch.num_queries(layer, rows, n_predicted)
-        grid = masks.materialize(arch.mask, rows.tail(n_query).positions(), rows.positions())
-        counts.append(int(grid.sum()))
-        rows = rows.tail(n_query)
-        if cfg.arch == "compressed_double" and layer == 0:
-            h, p = cfg.history_len, cfg.compressed_len
-            rows = Rows(range(h - p, h), rows.main)
-    return counts
+    """Allowed (query, key) pairs of each layer, counted one by one."""
+    return [sum(mask(q, kv) for q in queries for kv in keys)
+            for queries, keys, mask in spec_layers(cfg)]
 
 
 SIZES = [
@@ -43,7 +73,7 @@ CASES = [pytest.param(arch, sizes, id=f"{arch}-" + "-".join(map(str, sizes.value
 
 
 @pytest.mark.parametrize(("arch", "sizes"), CASES)
-def test_entries_match_materialised_masks(arch: str, sizes: dict) -> None:
+def test_entries_match_brute_force_count_of_spec_masks(arch: str, sizes: dict) -> None:
     cfg = ModelConfig(arch=arch, d_model=16, n_heads=2, **sizes)
     cost = attention_cost(cfg)
     assert list(cost.entries_per_layer) == brute_force_entries(cfg)

@@ -11,10 +11,11 @@ from torch import nn
 
 from ecp_lm import build_model
 from ecp_lm.cli import main
+from ecp_lm.data.batches import eval_windows
 from ecp_lm.data.tokenizers import ByteTokenizer
 from ecp_lm.evaluate import lm_report, score_stream, scored_text
 from ecp_lm.train import train
-from helpers import tiny_run_config
+from helpers import random_tokens, tiny_config, tiny_run_config
 
 
 class Bigram(nn.Module):
@@ -59,17 +60,95 @@ def test_report_normalisations():
     assert report["loss"] == pytest.approx(2 * math.log(2))
 
 
-def test_same_targets_for_perceiver_ar_and_ecp(tmp_path):
-    """Real models of both kinds, at the same N and K, score the same number of targets (the
-    bigram test shows that the scored set does not depend on the predicted positions)."""
-    counts = {}
-    tokens = np.arange(500) % 256
-    for arch in ("perceiver_ar", "ecp"):
-        cfg = tiny_run_config(tmp_path, arch)
-        model = build_model(cfg.model)
-        stride = min(cfg.model.seq_len // 2, cfg.model.latent_len)
-        counts[arch] = score_stream(model, tokens, cfg.model.seq_len, stride)[1]
-    assert counts["perceiver_ar"] == counts["ecp"] == 500 - (32 - 16 + 1)
+def spec_targets(num_tokens: int, seq_len: int, stride: int) -> set[int]:
+    """SPEC §6 written out: every target from stream index N - k + 1 on, and nothing else."""
+    return set(range(seq_len - stride + 1, num_tokens))
+
+
+def window_targets(window, seq_len: int) -> range:
+    """Stream indices of a window's scored targets: the last ``num_scored`` of its targets
+    start + 1 .. start + N (``EvalWindow``'s convention; score_stream keeps the last
+    ``num_scored`` logits, whose targets are the last tokens of the (N + 1)-token window)."""
+    return range(window.start + seq_len - window.num_scored + 1, window.start + seq_len + 1)
+
+
+STREAMS = [(101, 16, 8), (64, 16, 4), (17, 16, 8), (200, 32, 16), (50, 16, 1), (40, 16, 16),
+           (45, 16, 5), (33, 16, 7)]
+
+
+@pytest.mark.parametrize("num_tokens, seq_len, stride", STREAMS)
+def test_eval_windows_score_each_spec_target_once(num_tokens, seq_len, stride):
+    windows = eval_windows(num_tokens, seq_len, stride)
+    scored = [j for w in windows for j in window_targets(w, seq_len)]
+    assert len(scored) == len(set(scored)), "a target is scored twice"
+    assert set(scored) == spec_targets(num_tokens, seq_len, stride)
+    for w in windows:
+        assert w.start >= 0 and w.start + seq_len + 1 <= num_tokens, w  # inside the stream
+        for j in window_targets(w, seq_len):
+            assert j - w.start >= seq_len - stride, (w, j)  # tokens start .. j-1 of context
+
+
+class WindowProbe(nn.Module):
+    """A model for the stream whose token at stream index j is j, so it knows where each window
+    starts. It predicts token i + 1 after token i with certainty (nll exactly 0), except in the
+    window starting at ``marked_start``, where the target at window position i (stream index
+    start + i + 1) costs exactly 2**(i + 6) nats: the nll sum then names the positions of that
+    window that were scored. Records the start of every window it is given; returns the last
+    ``predicted`` positions, like the perceiver family (last l) or ecp (all)."""
+
+    def __init__(self, vocab: int, predicted: int):
+        super().__init__()
+        self.vocab, self.predicted = vocab, predicted
+        self.marked_start, self.starts = -1, []
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        self.starts += tokens[:, 0].tolist()
+        marked = (tokens[:, 0] == self.marked_start)[:, None, None]  # (B, 1, 1)
+        target = (tokens + 1)[..., None]  # (B, T, 1)
+        cost = 2.0 ** (torch.arange(t, dtype=torch.float32) + 6)[None, :, None]
+        logits = torch.full((b, t, self.vocab), -1e4)
+        logits.scatter_(2, target + 1, torch.where(marked, 0.0, -1e4).expand(b, t, 1))
+        logits.scatter_(2, target, torch.where(marked, -cost, 0.0).expand(b, t, 1))
+        return logits[:, t - self.predicted:]
+
+
+def scored_by_score_stream(probe, num_tokens, seq_len, stride, batch_size
+                           ) -> list[tuple[int, int]]:
+    """(target stream index, window start) of every target score_stream scores."""
+    tokens = np.arange(num_tokens)
+    probe.marked_start, probe.starts = -1, []
+    nll, count = score_stream(probe, tokens, seq_len, stride, batch_size)
+    assert nll == 0.0  # every scored logit lines up with its target
+    scored = []
+    for start in sorted(set(probe.starts)):
+        probe.marked_start = start
+        nll = score_stream(probe, tokens, seq_len, stride, batch_size)[0]
+        assert nll == int(nll) and int(nll) % 64 == 0, (start, nll)
+        bits = int(nll) // 64
+        scored += [(start + i + 1, start) for i in range(seq_len) if bits >> i & 1]
+    assert len(scored) == count
+    return scored
+
+
+def test_score_stream_scores_the_same_spec_targets_for_every_arch(arch):
+    """SPEC §6: at the default stride min(N/2, l) every architecture scores exactly the targets
+    N - k + 1 .. end, each once and with at least N - k tokens of context, whether it predicts
+    all N positions (ecp, transformer) or only the last l (the perceiver family)."""
+    cfg = tiny_config(arch)
+    n = cfg.seq_len
+    stride = min(n // 2, cfg.latent_len)
+    with torch.no_grad():
+        predicted = build_model(cfg)(random_tokens(1, n)).size(1)
+    num_tokens = 100  # windows at 0, 16, 32, 48, 64 and a last one at 67
+    probe = WindowProbe(num_tokens + 1, predicted)
+    for batch_size in (1, 3):
+        scored = scored_by_score_stream(probe, num_tokens, n, stride, batch_size)
+        targets = [j for j, _ in scored]
+        assert len(targets) == len(set(targets)), (arch, batch_size, "a target scored twice")
+        assert set(targets) == spec_targets(num_tokens, n, stride), (arch, batch_size)
+        for j, start in scored:
+            assert j - start >= n - stride, (arch, j, start)  # context: tokens start .. j-1
 
 
 @pytest.fixture(scope="module")

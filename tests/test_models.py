@@ -1,5 +1,7 @@
 """Model-level properties: causality, ECP's receptive field, gradients, lengths, heads."""
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -113,12 +115,50 @@ def test_bad_tokens():
         model(torch.zeros(1, 4))
 
 
-def test_classification_head(arch):
+def identity_head_twin(classifier):
+    """A language model with ``classifier``'s body and an identity head (vocab_size = d_model):
+    its logits are the final hidden states of the positions SPEC §5 says are predicted."""
+    twin = build_model(dataclasses.replace(classifier.cfg, num_classes=None)).eval()
+    body = {k: v for k, v in classifier.state_dict().items() if not k.startswith("head.")}
+    missing, unexpected = twin.load_state_dict(body, strict=False)
+    assert missing == ["head.weight"] and not unexpected
+    with torch.no_grad():
+        twin.head.weight.copy_(torch.eye(classifier.cfg.d_model))
+    return twin
+
+
+def test_classification_head_is_over_mean_of_predicted_rows(arch):
+    """SPEC §5: (B, num_classes) = head(mean of the final hidden states of the predicted
+    positions): all T positions for ecp and transformer, the last min(l, T) otherwise."""
+    d = TINY["d_model"]
+    model = sharp_model(arch, num_classes=10, vocab_size=d)
+    twin = identity_head_twin(model)
+    weight, bias = model.head.weight, model.head.bias
+    for t in (5, N, 2 * N + 3) if arch == "ecp" else (5, N):
+        tokens = random_tokens(3, t, vocab=d, seed=t)
+        with torch.no_grad():
+            rows = twin(tokens)  # (B, P, d): the hidden states of the predicted positions
+            expected_p = t if arch in ("ecp", "transformer") else min(model.cfg.latent_len, t)
+            assert rows.shape == (3, expected_p, d), (arch, t)
+            expected = rows.mean(dim=1) @ weight.T + bias  # (B, num_classes)
+            torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=1e-5,
+                                       msg=f"{arch} T={t}")
+
+
+def test_classification_of_one_sequence_ignores_the_others(arch):
+    """Each sequence's class logits depend on its own tokens (every one of them reaches a
+    predicted position: ecp and transformer predict every position, the perceiver family's
+    latents see the whole window) and on no other sequence of the batch."""
     model = sharp_model(arch, num_classes=10)
-    logits = model(random_tokens(4, N))
-    assert logits.shape == (4, 10)
-    hidden = model.hidden_states(random_tokens(4, N))
-    torch.testing.assert_close(model(random_tokens(4, N)), model.head(hidden.mean(dim=1)))
+    tokens = random_tokens(2, N)
+    with torch.no_grad():
+        base = model(tokens)
+        for row, t in ((0, 0), (0, N // 2), (0, N - 1), (1, 0), (1, N - 1)):
+            changed = tokens.clone()
+            changed[row, t] = (changed[row, t] + 1) % TINY["vocab_size"]
+            diff = (model(changed) - base).abs().amax(dim=-1)  # (B,)
+            assert diff[1 - row] <= 1e-6, (arch, row, t)
+            assert diff[row] > 1e-4, (arch, row, t)
 
 
 def test_tie_embeddings_shares_storage():

@@ -17,6 +17,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -85,7 +87,8 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16):
+    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16), \
+            _count_native_calls() as native_calls:
         times = _time_steps(model, optimizer, tokens, spec)
         peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
@@ -99,7 +102,35 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
             "peak_mib": peak / 2**20, "attention_s": max(step - step_bare, 0.0),
             "attention_share": max(step - step_bare, 0.0) / step,
             "attention_entries": cost.entries, "attention_flops": cost.flops,
-            "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times}
+            "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times,
+            "ecp_kernel": _ecp_kernel(arch, device, native_calls)}
+
+
+@contextmanager
+def _count_native_calls() -> Iterator[list[int]]:
+    """Counts the native ECP kernel's calls (a list holding one count) while the block runs."""
+    from ecp_lm.models.attention import native
+
+    calls, real = [0], native.segment_attention
+
+    def counting(*args, **kwargs):
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    native.segment_attention = counting
+    try:
+        yield calls
+    finally:
+        native.segment_attention = real
+
+
+def _ecp_kernel(arch: str, device: torch.device, native_calls: list[int]) -> str | None:
+    """Which exact ECP kernel the timed steps ran (None for other architectures)."""
+    if arch != "ecp":
+        return None
+    if native_calls[0]:
+        return "native"
+    return "flex" if device.type == "cuda" else "flash"
 
 
 def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,
