@@ -19,7 +19,7 @@ import torch
 
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.evaluate import evaluate_checkpoint
-from ecp_lm.generate import generate
+from ecp_lm.generation import generate
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
 from ecp_lm.train import train_or_resume
@@ -37,11 +37,13 @@ def _sample(run: Path, prompt: str, new_tokens: int) -> str:
 
 def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
              progress: bool = True) -> dict[str, Any]:
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps={steps} must be >= 1")
     out_dir = Path(out_dir)
     start = time.perf_counter()
     rows = []
     for arch in ARCHS:
-        overrides = [f"model.arch={arch}"] + ([f"train.steps={steps}"] if steps else [])
+        overrides = [f"model.arch={arch}"] + ([f"train.steps={steps}"] if steps is not None else [])
         cfg = RunConfig.load("demo", overrides)
         run = out_dir / arch
         if progress:

@@ -20,12 +20,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
-from tqdm import tqdm
 
 from ecp_lm.data.batches import eval_groups, window_batch
-from ecp_lm.data.cache import open_cache, open_run_cache
+from ecp_lm.data.cache import TokenCache, open_cache, open_run_cache, prepare
 from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
+from ecp_lm.data.sources import open_source
 from ecp_lm.data.tokenizers import Tokenizer
+from ecp_lm.progress import bar
+from ecp_lm.runconfig import PATHLESS_SOURCES
+from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 
 
 def default_stride(seq_len: int, latent_len: int) -> int:
@@ -72,7 +75,7 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
     count = torch.zeros((), dtype=torch.long, device=device)
     groups = eval_groups(len(tokens), seq_len, stride, batch_size)
     rounds = -(-len(groups) // world_size)
-    for r in tqdm(range(rounds), desc="eval", disable=not progress):
+    for r in bar(range(rounds), desc="eval", enabled=progress):
         index = r * world_size + rank
         batch, num_scored = window_batch(tokens, groups[min(index, len(groups) - 1)], seq_len)
         batch = batch.to(device)
@@ -127,31 +130,70 @@ def classify(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 6
 
 def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | None = None,
                         batch_size: int = 16, device: str = "cpu", max_tokens: int | None = None,
-                        data_path: str | None = None, progress: bool = True) -> dict[str, Any]:
-    """Score a checkpoint on a split of its own data source (SPEC §6), or its classification
-    accuracy for a pixel dataset. ``data_path`` overrides where the data lies now."""
+                        data_path: str | None = None, progress: bool = True,
+                        precision: str | None = None) -> dict[str, Any]:
+    """Score a checkpoint on a split of its data source (SPEC §6), or its classification accuracy
+    for a pixel dataset. ``data_path`` scores the same kind of source at another location (the
+    data moved, or another corpus) without touching the token cache the run trained on.
+    ``precision`` (fp32, bf16, fp16, auto) defaults to the run's training precision, the one its
+    validation (and so its ``best/`` checkpoint) was scored under."""
     from ecp_lm.checkpoint import read_checkpoint
 
-    if split not in ("train", "valid", "test"):
-        raise ValueError(f"split {split!r} is not one of train, valid, test")
+    _check_eval_args(split, stride, batch_size, max_tokens)
+    target = resolve_device(device)
     ckpt = read_checkpoint(path)
     cfg = ckpt.config
-    if data_path is not None:
-        cfg.data.path = data_path
-    model = ckpt.load_model(device)
-    head = {"checkpoint": str(ckpt.directory), "arch": cfg.model.arch, "split": split,
-            "step": ckpt.meta.get("step"), "params": model.num_params()}
+    precision = resolve_precision(precision or cfg.train.precision, target)
+    if data_path is not None and cfg.data.source in PATHLESS_SOURCES:
+        raise ValueError(f"--data-path: the checkpoint's source {cfg.data.source} takes no path")
+    model = ckpt.load_model(target)
+    context = autocast(precision, target)
+    head = {"checkpoint": str(ckpt.path), "arch": cfg.model.arch, "split": split,
+            "step": ckpt.meta.get("step"), "params": model.num_params(), "precision": precision}
     if cfg.data.source in PIXEL_DATASETS:
-        x, y = load_pixel_dataset(cfg.data.source, cfg.data.path, seed=cfg.train.seed).splits[split]
-        return {**head, **classify(model, x, y, batch_size, device)}
+        x, y = load_pixel_dataset(cfg.data.source, data_path or cfg.data.path,
+                                  seed=cfg.train.seed).splits[split]
+        return {**head, **classify(model, x, y, batch_size, target, context)}
     tokenizer = ckpt.tokenizer()
-    cache = open_run_cache(cfg.data, cfg.model.vocab_size, progress=progress)
-    open_cache(cache.directory, tokenizer.identity)  # the checkpoint's own tokenizer
+    cache = _eval_cache(cfg, ckpt.directory, tokenizer, data_path, progress)
     tokens = cache.tokens(split)
-    tokens = tokens[:max_tokens] if max_tokens else tokens
+    tokens = tokens[:max_tokens] if max_tokens is not None else tokens
     n = cfg.model.seq_len
-    stride = stride or default_stride(n, cfg.model.latent_len)
+    stride = stride if stride is not None else default_stride(n, cfg.model.latent_len)
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
-    nll, count = score_stream(model, tokens, n, stride, batch_size, device, progress=progress)
+    nll, count = score_stream(model, tokens, n, stride, batch_size, target, context,
+                              progress=progress)
     report = lm_report(nll, count, scored_text(tokens, tokenizer, n, stride))
-    return {**head, "seq_len": n, "stride": stride, **report}
+    return {**head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
+
+
+def _check_eval_args(split: str, stride: int | None, batch_size: int,
+                     max_tokens: int | None) -> None:
+    if split not in ("train", "valid", "test"):
+        raise ValueError(f"split {split!r} is not one of train, valid, test")
+    for name, value in (("stride", stride), ("batch_size", batch_size),
+                        ("max_tokens", max_tokens)):
+        if value is not None and value < 1:
+            raise ValueError(f"{name}={value} must be >= 1")
+
+
+def _eval_cache(cfg: Any, ckpt_dir: Path, tokenizer: Tokenizer, data_path: str | None,
+                progress: bool) -> TokenCache:
+    """The token cache to score: the run's own, or, for ``data_path``, a cache of that source
+    tokenized with the checkpoint's tokenizer (the run's own when it holds the same content)."""
+    if data_path is None:
+        cache = open_run_cache(cfg.data, cfg.model.vocab_size, progress=progress)
+        open_cache(cache.directory, tokenizer.identity)  # the checkpoint's own tokenizer
+        return cache
+    source = open_source(cfg.data.source, data_path)
+    if cfg.data.cache_dir is not None:
+        try:
+            own = open_cache(cfg.data.cache_dir, tokenizer.identity)
+        except ValueError:
+            own = None
+        if own is not None and own.manifest["source"]["hash"] == source.identity()["hash"]:
+            return own  # the same data, moved
+    spec = "bytes" if tokenizer.kind == "bytes" else str(ckpt_dir / "tokenizer.json")
+    cache = prepare(source, spec, progress=progress)
+    cache.check_vocab(cfg.model.vocab_size)
+    return cache

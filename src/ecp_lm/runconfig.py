@@ -18,9 +18,11 @@ from typing import Any
 import yaml
 
 from ecp_lm.config import PRESETS, ModelConfig
+from ecp_lm.runtime import parse_device
 
 SCHEDULES = ("cosine", "halving")
-PRECISIONS = ("auto", "fp32", "bf16")
+PATHLESS_SOURCES = ("enwiki-mini", "digits")  # fetched with pip, or bundled with scikit-learn
+PRECISIONS = ("auto", "fp32", "bf16")  # fp16 training would need loss scaling
 
 
 @dataclass
@@ -40,6 +42,9 @@ class DataConfig:
     """Token cache folder (default: the user cache)."""
 
     def __post_init__(self) -> None:
+        if self.source in PATHLESS_SOURCES and self.path is not None:
+            raise ValueError(f"data.source={self.source} takes no data.path (got "
+                             f"{self.path!r}): it is fetched or bundled")
         if self.bpe_vocab_size <= 256:
             raise ValueError(f"data.bpe_vocab_size={self.bpe_vocab_size} must exceed 256")
 
@@ -99,12 +104,19 @@ class TrainConfig:
                      "log_every", "eval_batch_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
+        if self.eval_max_tokens is not None and self.eval_max_tokens < 1:
+            raise ValueError(f"train.eval_max_tokens={self.eval_max_tokens} must be >= 1 or "
+                             f"null (all of the validation split)")
         if self.schedule not in SCHEDULES:
             raise ValueError(f"train.schedule={self.schedule!r} is not one of "
                              f"{', '.join(SCHEDULES)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"train.precision={self.precision!r} is not one of "
                              f"{', '.join(PRECISIONS)}")
+        try:
+            parse_device(self.device)
+        except ValueError as err:
+            raise ValueError(f"train.device: {err}") from None
         if self.lr <= 0 or self.warmup_steps < 0 or self.halve_every < 0:
             raise ValueError(f"train.lr={self.lr}, train.warmup_steps={self.warmup_steps} and "
                              f"train.halve_every={self.halve_every} must be positive / >= 0")

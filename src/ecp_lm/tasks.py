@@ -63,6 +63,11 @@ class LanguageModelling:
         check_stride(self.stride, model.seq_len, self.num_predicted, model.arch)
         valid = self.cache.tokens("valid")
         self.valid = valid[:train.eval_max_tokens] if train.eval_max_tokens else valid
+        if len(self.valid) < model.seq_len + 1:  # found now, not after the first steps
+            limit = f" (train.eval_max_tokens={train.eval_max_tokens})" \
+                if train.eval_max_tokens else ""
+            raise ValueError(f"the validation split has {len(self.valid)} tokens{limit}, fewer "
+                             f"than one evaluation window of seq_len+1={model.seq_len + 1}")
         self.valid_text = scored_text(self.valid, self.tokenizer, self.seq_len, self.stride)
         self.eval_batch_size = train.eval_batch_size
         self.tokens_per_batch = train.batch_size * model.seq_len  # input tokens

@@ -2,16 +2,17 @@
 checkpoint selection, exact resume, and data parallelism on PyTorch's own engine.
 
 ``train(cfg, out_dir)`` runs in one process, or in each of ``torchrun``'s processes (DDP with
-gloo on CPU or nccl on CUDA, or FSDP ``fully_shard``), every rank on its own data shard and only
-rank 0 writing. ``out_dir`` receives ``config.yaml``, ``metrics.jsonl``, ``latest/`` (every
-``checkpoint_every`` steps) and ``best/`` (lowest validation loss; the test split is never used
-here). Resuming restores weights, optimizer, RNG states and the step; batches are a pure function
-of the step, so N steps equal N/2 + resume + N/2 exactly.
+gloo on CPU or nccl on CUDA, or FSDP ``fully_shard``), every rank on its own data shard with its
+own dropout masks and only rank 0 writing. ``out_dir`` receives ``config.yaml``,
+``metrics.jsonl``, ``latest/`` (every ``checkpoint_every`` steps, at the end, and when
+interrupted) and ``best/`` (lowest validation loss; the test split is never used here). Resuming
+restores weights, optimizer, every rank's RNG states and the step; batches are a pure function
+of the step, so N steps equal N/2 + resume + N/2 exactly. SIGINT and SIGTERM are honoured between
+steps (``interrupts``), so an interrupted run resumes exactly too.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -20,18 +21,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
-from tqdm import tqdm
 
-from ecp_lm.checkpoint import read_checkpoint, save_checkpoint
+from ecp_lm import progress as progress_output
+from ecp_lm.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
+from ecp_lm.interrupts import Interrupted, StopRequest
 from ecp_lm.models import LanguageModel, build_model
 from ecp_lm.runconfig import RunConfig, TrainConfig
+from ecp_lm.runfolder import (
+    METRICS,
+    Metrics,
+    check_run_folder,
+    has_checkpoint,
+    prepare_run_folder,
+)
+from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 from ecp_lm.tasks import Dist, make_task
 
 
@@ -43,9 +56,14 @@ class TrainingDivergedError(RuntimeError):
 class TrainResult:
     model: LanguageModel
     step: int
+    """The step the run is at now."""
     tokens_seen: int
     best_val_loss: float
     out_dir: Path
+    steps_run: int = 0
+    """Optimiser steps taken by this call."""
+    saved: bool = False
+    """Whether this call wrote ``latest/``."""
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
@@ -63,23 +81,15 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def init_distributed(device: str) -> Dist:
     """Join torchrun's process group when WORLD_SIZE > 1; pick this process's device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+    resolved = resolve_device(device)
     if world > 1:
         if not torch.distributed.is_initialized():
-            backend = "nccl" if device.startswith("cuda") else "gloo"
+            backend = "nccl" if resolved.type == "cuda" else "gloo"
             torch.distributed.init_process_group(backend)
-        if device == "cuda":
-            device = f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}"
-            torch.cuda.set_device(device)
-    return Dist(int(os.environ.get("RANK", "0")), world, torch.device(device))
-
-
-def _autocast(cfg: TrainConfig, device: torch.device) -> AbstractContextManager:
-    use_bf16 = cfg.precision == "bf16" or (cfg.precision == "auto" and device.type == "cuda")
-    if use_bf16:
-        return torch.autocast(device.type, dtype=torch.bfloat16)
-    return nullcontext()
+        if resolved.type == "cuda" and resolved.index is None:
+            resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+            torch.cuda.set_device(resolved)
+    return Dist(int(os.environ.get("RANK", "0")), world, resolved)
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
@@ -96,63 +106,51 @@ def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     return torch.compile(model) if cfg.compile else model
 
 
-def _check_resume(cfg: RunConfig, out_dir: Path, resume: bool):
-    """The checkpoint to resume from, or None; refuses to overwrite or to change the model."""
-    latest = out_dir / "latest"
-    if not resume:
-        if latest.exists() or (out_dir / "metrics.jsonl").exists():
-            raise ValueError(f"{out_dir} already holds a run; pass --resume to continue it or "
-                             f"choose another --out")
-        return None
-    ckpt = read_checkpoint(latest)
-    for section in ("model", "data"):
-        old, new = getattr(ckpt.config, section), getattr(cfg, section)
-        if old != new:
-            changed = [k for k in old.__dict__ if getattr(old, k) != getattr(new, k)]
-            raise ValueError(f"--resume with a changed {section} config ({', '.join(changed)}); "
-                             f"the run in {out_dir} was trained with another one")
-    return ckpt
+def _rank_seed(seed: int, rank: int) -> int:
+    """Rank 0 keeps the run's seed; every other rank draws its dropout masks from its own."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
-class _Metrics:
-    """Appends JSON lines to metrics.jsonl (rank 0 only), and to TensorBoard when installed."""
+def _rng_state(dist: Dist) -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state(dist.device) if dist.device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
 
-    def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled, self.board = path, enabled, None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
 
-                self.board = SummaryWriter(path.parent / "tensorboard")
-            except ImportError:
-                pass
-
-    def write(self, record: dict[str, Any]) -> None:
-        if not self.enabled:
-            return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        if self.board is not None:
-            for key, value in record.items():
-                if isinstance(value, float) and key not in ("step", "tokens"):
-                    self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
-
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()
+def _restore_rng(trainer: dict[str, Any], dist: Dist, seed: int) -> None:
+    """This rank's RNG states from the checkpoint (saved for every rank); a run resumed on
+    another number of ranks reseeds each rank from (seed, rank, step) instead."""
+    states = trainer.get("rng")
+    if states is None and dist.world_size == 1:  # a checkpoint of ecp-lm 0.1.0
+        states = [{"cpu": trainer["rng_cpu"], "cuda": None}]
+    if states is None or len(states) != dist.world_size:
+        torch.manual_seed(_rank_seed(seed * 1_000_003 + trainer["step"], dist.rank))
+        return
+    torch.set_rng_state(states[dist.rank]["cpu"])
+    if dist.device.type == "cuda" and states[dist.rank]["cuda"] is not None:
+        torch.cuda.set_rng_state(states[dist.rank]["cuda"], dist.device)
 
 
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
           stop_at: int | None = None) -> TrainResult:
     """Train ``cfg`` into ``out_dir``; ``stop_at`` stops after that step as an interruption would
-    (a checkpoint is written and the run can be resumed)."""
+    (a checkpoint is written and the run can be resumed; ``stop_at=0`` writes the initial one).
+    Raises ``interrupts.Interrupted`` (a KeyboardInterrupt) when stopped by SIGINT or SIGTERM."""
     out_dir = Path(out_dir)
     tc = cfg.train
+    if stop_at is not None and stop_at < 0:
+        raise ValueError(f"stop_at={stop_at} must be >= 0")
     dist = init_distributed(tc.device)
-    ckpt = _check_resume(cfg, out_dir, resume)
+    ckpt = check_run_folder(cfg, out_dir, resume)
+    start = ckpt.meta["step"] if ckpt is not None else 0
+    if stop_at is not None and stop_at < start:
+        raise ValueError(f"--stop-at {stop_at} is before step {start}, where the run in "
+                         f"{out_dir} already is")
     dist.barrier()  # every rank has checked the folder before rank 0 writes to it
     torch.manual_seed(tc.seed)
-    model = build_model(cfg.model)
+    model = build_model(cfg.model)  # identical initial weights on every rank
+    torch.manual_seed(_rank_seed(tc.seed, dist.rank))
     task = make_task(cfg, dist, progress and dist.is_main)
     model.to(dist.device)
     net = _wrap(model, tc, dist)
@@ -160,63 +158,94 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
                                   betas=(tc.beta1, tc.beta2))
     state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf}
     if ckpt is not None:
-        trainer = ckpt.trainer_state()
-        set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
-                       optim_state_dict=trainer["optimizer"],
-                       options=StateDictOptions(full_state_dict=True))
-        torch.set_rng_state(trainer["rng_cpu"])
-        if torch.cuda.is_available() and trainer.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state_all(trainer["rng_cuda"])
-        state = {k: trainer[k] for k in state}
+        state = _restore(ckpt, model, optimizer, dist, tc.seed)
     if dist.is_main:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        cfg.to_yaml(out_dir / "config.yaml")
-    loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state)
+        prepare_run_folder(cfg, out_dir, state["step"])
+    loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
     try:
-        loop.run(stop_at, progress and dist.is_main)
-    except KeyboardInterrupt:
-        loop.save("latest")
-        raise
+        with StopRequest() as stop:
+            loop.run(stop_at, progress and dist.is_main, stop)
     finally:
         loop.metrics.close()
     return TrainResult(model, state["step"], state["tokens_seen"], state["best_val_loss"],
-                       out_dir)
+                       out_dir, state["step"] - start, loop.wrote_latest)
+
+
+def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
+             seed: int) -> dict[str, Any]:
+    trainer = ckpt.trainer_state()
+    options = StateDictOptions(full_state_dict=True)
+    if trainer["optimizer"] is None:  # the initial checkpoint: no optimiser step taken yet
+        set_model_state_dict(model, ckpt.load_model().state_dict(), options=options)
+    else:
+        set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
+                       optim_state_dict=trainer["optimizer"], options=options)
+    _restore_rng(trainer, dist, seed)
+    return {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
 
 
 class _Loop:
-    def __init__(self, cfg, task, model, net, optimizer, dist: Dist, out_dir: Path, state):
+    def __init__(self, cfg, task, model, net, optimizer, dist: Dist, out_dir: Path, state,
+                 ckpt: Checkpoint | None):
         self.cfg, self.tc, self.task = cfg, cfg.train, task
         self.model, self.net, self.optimizer, self.dist = model, net, optimizer, dist
         self.out_dir, self.state = out_dir, state
-        self.autocast = _autocast(self.tc, dist.device)
-        self.metrics = _Metrics(out_dir / "metrics.jsonl", dist.is_main)
+        self.autocast = autocast(self.tc.precision, dist.device)
+        self.metrics = Metrics(out_dir / METRICS, dist.is_main)
+        self.saved_step = None if ckpt is None else state["step"]  # step held by latest/
+        self.wrote_latest = False
+        self.last_train: dict[str, Any] | None = None
+        self.last_val: float | None = None
+        self.show = False
 
-    def run(self, stop_at: int | None, progress: bool) -> None:
+    def run(self, stop_at: int | None, show: bool, stop: StopRequest) -> None:
         tc, state = self.tc, self.state
         end = tc.steps if stop_at is None else min(stop_at, tc.steps)
-        bar = tqdm(total=tc.steps, initial=state["step"], disable=not progress, unit="step",
-                   dynamic_ncols=True)
+        self.show = show
         tokens_per_step = self.task.tokens_per_batch * tc.grad_accum * self.dist.world_size
         window: list[float] = []
         window_start = time.perf_counter()
-        while state["step"] < end:
-            step = state["step"]
-            window.append(self.step(step))
-            state["step"] = step + 1
-            state["tokens_seen"] += tokens_per_step
-            bar.update(1)
-            if state["step"] % tc.log_every == 0 or state["step"] == end:
-                elapsed = time.perf_counter() - window_start
-                record = self._log(sum(window) / len(window),
-                                   tokens_per_step * len(window) / max(elapsed, 1e-9), step)
-                bar.set_postfix(loss=f"{record['loss']:.3f}",
-                                tok_s=f"{record['tokens_per_s']:.0f}")
-                window, window_start = [], time.perf_counter()
-            if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
-                self.validate()
-            if state["step"] % tc.checkpoint_every == 0 or state["step"] == end:
-                self.save("latest")
-        bar.close()
+        with progress_output.bar(total=tc.steps, initial=state["step"], enabled=show,
+                                 unit="step") as bar:
+            self.bar = bar
+            while state["step"] < end:
+                step = state["step"]
+                window.append(self.step(step))
+                state["step"] = step + 1
+                state["tokens_seen"] += tokens_per_step
+                bar.update(1)
+                if state["step"] % tc.log_every == 0 or state["step"] == end:
+                    elapsed = time.perf_counter() - window_start
+                    self._log(sum(window) / len(window),
+                              tokens_per_step * len(window) / max(elapsed, 1e-9), step)
+                    window, window_start = [], time.perf_counter()
+                if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
+                    self.validate()
+                if state["step"] % tc.checkpoint_every == 0 or state["step"] == end:
+                    self.save("latest")
+                if self._stop_agreed(stop):
+                    if self.saved_step != state["step"]:
+                        self.save("latest")
+                    raise Interrupted(stop.signum or 2, state["step"])
+        if self.saved_step != state["step"]:  # e.g. stop_at=0: the initial checkpoint
+            self.save("latest")
+
+    def _stop_agreed(self, stop: StopRequest) -> bool:
+        """Whether any rank was asked to stop: all ranks stop after the same step."""
+        if self.dist.world_size == 1:
+            return stop.requested
+        flag = torch.tensor([float(stop.requested)], device=self.dist.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _grad_sync(self, sync: bool) -> AbstractContextManager:
+        """Gradients are reduced across ranks only after the last micro-batch of a step."""
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP
+            self.model.set_requires_gradient_sync(sync)
+            return nullcontext()
+        if sync or not hasattr(self.net, "no_sync"):
+            return nullcontext()
+        return self.net.no_sync()  # DDP
 
     def step(self, step: int) -> float:
         """One optimiser step over ``grad_accum`` micro-batches; returns the mean loss."""
@@ -228,8 +257,7 @@ class _Loop:
         total = sum(task.targets_per_batch(b) for b in batches)  # token-weighted mean
         loss_sum = torch.zeros((), device=self.dist.device)
         for i, batch in enumerate(batches):
-            sync = i == len(batches) - 1 or not hasattr(self.net, "no_sync")
-            with (nullcontext() if sync else self.net.no_sync()), self.autocast:
+            with self._grad_sync(i == len(batches) - 1), self.autocast:
                 loss = task.loss_sum(self.net, batch) / total
             loss.backward()
             loss_sum += loss.detach()
@@ -245,11 +273,21 @@ class _Loop:
         self.optimizer.zero_grad(set_to_none=True)
         return value
 
-    def _log(self, loss: float, tokens_per_s: float, step: int) -> dict:
+    def _log(self, loss: float, tokens_per_s: float, step: int) -> None:
         record = {"kind": "train", "step": self.state["step"], "tokens": self.state["tokens_seen"],
                   "loss": loss, "lr": lr_at(step, self.tc), "tokens_per_s": tokens_per_s}
         self.metrics.write(record)
-        return record
+        self.last_train = record
+        self.bar.set_postfix(self._postfix(), refresh=False)
+
+    def _postfix(self) -> dict[str, str]:
+        shown = {}
+        if self.last_train is not None:
+            shown["loss"] = f"{self.last_train['loss']:.3f}"
+            shown["tok_s"] = f"{self.last_train['tokens_per_s']:.0f}"
+        if self.last_val is not None:
+            shown["val"] = f"{self.last_val:.3f}"
+        return shown
 
     def validate(self) -> None:
         start = time.perf_counter()
@@ -258,25 +296,47 @@ class _Loop:
                   "tokens": self.state["tokens_seen"], **report,
                   "elapsed_s": time.perf_counter() - start}
         self.metrics.write(record)
+        self.last_val = report["loss"]
         if report["loss"] < self.state["best_val_loss"]:
             self.state["best_val_loss"] = report["loss"]
             self.save("best", val=report)
+        self.bar.set_postfix(self._postfix(), refresh=False)
+        progress_output.note(self._validation_line(report), self.show)
+
+    def _validation_line(self, report: dict[str, Any]) -> str:
+        parts = [f"step {self.state['step']}/{self.tc.steps}"]
+        if self.last_train is not None:
+            parts.append(f"train loss {self.last_train['loss']:.4f}")
+        parts += [f"valid {key.replace('_', ' ')} {report[key]:.4f}"
+                  for key in ("loss", "bits_per_byte", "accuracy") if key in report]
+        if report["loss"] <= self.state["best_val_loss"]:
+            parts.append("(best so far)")
+        return "  ".join(parts)
 
     def save(self, name: str, val: dict | None = None) -> None:
-        """Every rank gathers the full state (a collective under FSDP); rank 0 writes it."""
+        """Every rank gathers the full state and its RNG states (collectives); rank 0 writes."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
+        if self.state["step"] == 0:  # get_state_dict would give AdamW a state (a zero step)
+            model_state, optim_state = get_model_state_dict(self.model, options=options), None
+        else:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer,
+                                                      options=options)
+        rng = [_rng_state(self.dist)]
+        if name == "latest" and self.dist.world_size > 1:
+            rng = [None] * self.dist.world_size
+            torch.distributed.all_gather_object(rng, _rng_state(self.dist))
+        if name == "latest":
+            self.saved_step, self.wrote_latest = self.state["step"], True
         if not self.dist.is_main:
             return
         trainer = None  # the best checkpoint is for evaluation: weights only
         if name == "latest":
-            trainer = {"optimizer": optim_state, "rng_cpu": torch.get_rng_state(),
-                       "rng_cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available()
-                       else None,
+            trainer = {"optimizer": optim_state, "rng": rng,
                        "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
                        "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
         meta = {"kind": name, "step": self.state["step"], "tokens_seen": self.state["tokens_seen"],
-                "validation": val}
+                "validation": val,
+                "precision": resolve_precision(self.tc.precision, self.dist.device)}
         save_checkpoint(self.out_dir / name, model_state, self.cfg, self.task.tokenizer,
                         trainer, meta)
 
@@ -284,11 +344,12 @@ class _Loop:
 def train_or_resume(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> float:
     """Bring the run in ``out_dir`` to ``cfg.train.steps``: start it, resume it, or leave a
     finished one alone. Returns the wall seconds spent training now."""
-    latest = Path(out_dir) / "latest"
-    if latest.exists() and read_checkpoint(latest).meta["step"] >= cfg.train.steps:
+    out_dir = Path(out_dir)
+    resume = has_checkpoint(out_dir)
+    if resume and read_checkpoint(out_dir / "latest").meta["step"] >= cfg.train.steps:
         return 0.0
     start = time.perf_counter()
-    train(cfg, out_dir, resume=latest.exists(), progress=progress)
+    train(cfg, out_dir, resume=resume, progress=progress)
     return time.perf_counter() - start
 
 

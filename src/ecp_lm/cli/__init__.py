@@ -17,9 +17,10 @@ import yaml
 
 from ecp_lm import __version__
 from ecp_lm.cli import bench, complexity, data, demo, evaluate, generate, plot, train
-from ecp_lm.cli.base import Command
+from ecp_lm.cli.base import Command, interrupted_line
 from ecp_lm.data.fetch import FetchError
 
+PROG = "ecp"
 USER_ERRORS = (ValueError, OSError, yaml.YAMLError, FetchError)
 
 COMMANDS: dict[str, Command] = {
@@ -39,7 +40,7 @@ def build_parser() -> argparse.ArgumentParser:
     width = max(map(len, COMMANDS))
     listing = "\n".join(f"  {name.ljust(width)}  {c.help}" for name, c in COMMANDS.items())
     parser = argparse.ArgumentParser(
-        prog="ecp", usage="%(prog)s [-h] [--version] COMMAND ...",
+        prog=PROG, usage="%(prog)s [-h] [--version] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Efficient long-context autoregressive models: ECP, PerceiverAR and the\n"
                     "Double Attention family on one skeleton.",
@@ -56,22 +57,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ecp`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
-    parser = build_parser()
+    command = None
     try:
-        args = parser.parse_args(argv)
-    except SystemExit as exit_:  # --help, --version, or a usage error argparse has printed
-        if exit_.code is None or isinstance(exit_.code, int):
-            return exit_.code or 0
-        return 2
-    if args.command is None:
-        parser.print_help(sys.stderr)
-        return 2
-    try:
+        parser = build_parser()
+        try:
+            args = parser.parse_args(argv)
+        except SystemExit as exit_:  # --help, --version, or a usage error argparse has printed
+            if exit_.code is None or isinstance(exit_.code, int):
+                return exit_.code or 0
+            return 2
+        if args.command is None:
+            parser.print_help(sys.stderr)
+            return 2
+        command = args.command
         return args.run(args)
+    except KeyboardInterrupt:  # the work modules are imported in here, so this covers them too
+        hint = COMMANDS[command].on_interrupt if command in COMMANDS else ""
+        print(interrupted_line(PROG, hint), file=sys.stderr)
+        return 130
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
     except USER_ERRORS as err:
         message = " ".join(str(err).split())
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        print(f"{PROG}: error: {message}", file=sys.stderr)
         return 2

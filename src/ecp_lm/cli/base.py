@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -15,3 +16,12 @@ class Command:
     help: str
     add_arguments: Callable[[argparse.ArgumentParser], None]
     run: Callable[[argparse.Namespace], int]
+    on_interrupt: str = ""
+    """What a user interrupting it (Ctrl-C) is told besides "interrupted"."""
+
+
+def interrupted_line(prog: str, text: str) -> str:
+    """The one line printed when a command is interrupted (after a line end on a terminal,
+    where ^C was echoed)."""
+    start = "\n" if sys.stderr.isatty() else ""
+    return f"{start}{prog}: interrupted" + (f"; {text}" if text else "")

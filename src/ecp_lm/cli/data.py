@@ -33,7 +33,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--vocab-size", type=int, default=4096,
                       help="BPE vocabulary size (default: %(default)s)")
     prep.add_argument("--out", metavar="DIR",
-                      help="cache folder (default: <user cache>/ecp-lm/tokens/SOURCE-TOKENIZER)")
+                      help="cache folder (default: <user cache>/ecp-lm/tokens/"
+                           "SOURCE-KEY-TOKENIZER, KEY a short hash of the source's paths and "
+                           "split, so each corpus has its own)")
     for split in ("train", "valid", "test"):
         prep.add_argument(f"--{split}", metavar="FILE",
                           help=f"text: the file or folder of the {split} split")
@@ -96,4 +98,5 @@ def parse_floats(text: str) -> list[float]:
 
 
 COMMAND = Command("prepare token caches from text sources (prepare), inspect them (info)",
-                  add_data_arguments, lambda args: 2)
+                  add_data_arguments, lambda args: 2,
+                  "no cache was written; run the same command again to build it")

@@ -24,4 +24,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("train and compare ECP and PerceiverAR on enwiki-mini (a few minutes, CPU)",
-                  add_arguments, run)
+                  add_arguments, run, "run the same command again to continue where it stopped")

@@ -22,12 +22,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="window stride k (default min(N/2, latent_len), the same for every "
                              "architecture at the same N): targets from index N-k+1 on are "
                              "scored once, each with at least N-k tokens of context")
-    parser.add_argument("--batch-size", type=int, default=16, help="windows per batch")
+    parser.add_argument("--batch-size", type=int, default=16,
+                        help="windows per batch (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, metavar="N",
                         help="score only the first N tokens of the split")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="fp32, or autocast to bf16/fp16; auto: bf16 on CUDA, fp32 elsewhere "
+                             "(default: the run's train.precision, which its validation and "
+                             "best/ checkpoint were scored with)")
     parser.add_argument("--data-path", metavar="PATH",
-                        help="where the checkpoint's data source lies now, if it moved")
+                        help="score the same kind of source at another location: where the "
+                             "data moved, or another corpus (tokenized with the checkpoint's "
+                             "tokenizer into a cache of its own; the run's cache is never "
+                             "touched)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -37,11 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
     report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
                                  args.device, args.max_tokens, args.data_path,
-                                 progress=not args.quiet)
+                                 progress=not args.quiet, precision=args.precision)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
-    print(f"{report['arch']} {report['checkpoint']} step {report['step']} on {args.split}")
+    print(f"{report['arch']} {report['checkpoint']} step {report['step']} on {args.split} "
+          f"({report['precision']})")
     for key in REPORT:
         if key in report:
             value = report[key]
@@ -51,4 +61,4 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("score a checkpoint: loss, perplexity, bits per byte (or accuracy)",
-                  add_arguments, run)
+                  add_arguments, run, "nothing was scored")

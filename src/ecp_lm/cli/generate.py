@@ -28,18 +28,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop when this text (one token) is generated")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the context for every token instead of using KV caches")
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N (default: cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
+                        help="fp32, or autocast to bf16/fp16 (KV caches in that dtype); auto: "
+                             "bf16 on CUDA, fp32 elsewhere (default: the run's train.precision)")
+
+
+def read_prompt(args: argparse.Namespace) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    data = Path(args.prompt_file).read_bytes()
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"--prompt-file {args.prompt_file} is not UTF-8 text (byte "
+                         f"{err.start}: {data[err.start:err.start + 1]!r})") from None
 
 
 def run(args: argparse.Namespace) -> int:
     import torch
 
     from ecp_lm.checkpoint import read_checkpoint
-    from ecp_lm.generate import stream
+    from ecp_lm.generation import check_generate_args, stream
+    from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 
+    device = resolve_device(args.device)
+    text = read_prompt(args)
     ckpt = read_checkpoint(args.ckpt)
     tokenizer = ckpt.tokenizer()
-    text = args.prompt if args.prompt is not None else Path(args.prompt_file).read_text()
     ids = tokenizer.encode(text)
     if len(ids) == 0:
         raise ValueError("the prompt is empty")
@@ -49,26 +66,31 @@ def run(args: argparse.Namespace) -> int:
         if len(eos) != 1:
             raise ValueError(f"--eos {args.eos!r} is {len(eos)} tokens, not one")
         eos_id = int(eos[0])
-    model = ckpt.load_model(args.device)
-    prompt = torch.as_tensor(ids, dtype=torch.long, device=args.device)[None]
+    precision = resolve_precision(args.precision or ckpt.config.train.precision, device)
+    model = ckpt.load_model(device)
+    prompt = torch.as_tensor(ids, dtype=torch.long, device=device)[None]
+    # Everything is checked before the prompt is echoed: an error is the only output.
+    check_generate_args(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                        args.top_p)
     sys.stdout.write(text)
     sys.stdout.flush()
     new: list[int] = []
     printed = ""
     start = time.perf_counter()
-    for token, _ in stream(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                           args.top_p, args.seed, eos_id, use_cache=not args.no_cache):
-        new.append(int(token[0]))
-        decoded = tokenizer.decode(new)
-        if decoded.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            continue
-        sys.stdout.write(decoded[len(printed):])
-        sys.stdout.flush()
-        printed = decoded
+    with autocast(precision, device):
+        for token, _ in stream(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
+                               args.top_p, args.seed, eos_id, use_cache=not args.no_cache):
+            new.append(int(token[0]))
+            decoded = tokenizer.decode(new)
+            if decoded.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
+                continue
+            sys.stdout.write(decoded[len(printed):])
+            sys.stdout.flush()
+            printed = decoded
     seconds = time.perf_counter() - start
     sys.stdout.write(tokenizer.decode(new)[len(printed):] + "\n")
     print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / max(seconds, 1e-9):.1f} "
-          f"tokens/s, {'no cache' if args.no_cache else 'cached'}]", file=sys.stderr)
+          f"tokens/s, {'no cache' if args.no_cache else 'cached'}, {precision}]", file=sys.stderr)
     return 0
 
 

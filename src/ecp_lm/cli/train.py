@@ -6,8 +6,6 @@ import argparse
 import os
 import sys
 
-import torch
-
 from ecp_lm.cli.base import Command
 
 EPILOG = """config keys (section.key=default; set any of them as an override):
@@ -34,16 +32,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "checkpoints")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its latest checkpoint (the model "
-                             "and data config must be unchanged)")
+                             "and data config must be unchanged); a run stopped before its "
+                             "first checkpoint starts again at step 0")
     parser.add_argument("--stop-at", type=int, metavar="STEP",
                         help="stop after this step as an interruption would (checkpoint "
-                             "written, resumable)")
+                             "written, resumable; 0 writes the initial weights)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     parser.add_argument("overrides", nargs="*", metavar="section.key=value",
                         help="config overrides, e.g. model.d_model=128 train.lr=3e-4")
 
 
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    from ecp_lm.cli.base import interrupted_line
+    from ecp_lm.interrupts import Interrupted
     from ecp_lm.runconfig import RunConfig
     from ecp_lm.train import TrainingDivergedError, train
 
@@ -54,19 +57,28 @@ def run(args: argparse.Namespace) -> int:
     except TrainingDivergedError as err:
         print(f"ecp: training stopped: {err}", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"\necp: interrupted; the latest checkpoint is in {args.out}/latest, continue "
-              f"with --resume", file=sys.stderr)
-        return 130
+    except Interrupted as err:
+        if err.saved_step is None:
+            hint = (f"stopped without saving; the last checkpoint in {args.out}/latest is "
+                    f"kept, continue with --resume")
+        else:
+            hint = (f"checkpoint of step {err.saved_step} written to {args.out}/latest; "
+                    f"continue with --resume")
+        print(interrupted_line("ecp", hint), file=sys.stderr)
+        return err.exit_code
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
     if int(os.environ.get("RANK", "0")) != 0:
         return 0
     best = result.best_val_loss
-    print(f"trained {result.step} steps, {result.tokens_seen:,} tokens; best validation loss "
-          f"{best:.4f}; checkpoints in {result.out_dir}")
+    best_text = f"best validation loss {best:.4f}" if best < float("inf") else "no validation yet"
+    wrote = (f"checkpoint in {result.out_dir}/latest" if result.saved
+             else "no checkpoint written")
+    print(f"trained {result.steps_run} steps, now at step {result.step}/{cfg.train.steps} "
+          f"({result.tokens_seen:,} tokens); {best_text}; {wrote}")
     return 0
 
 
-COMMAND = Command("train a model (one process, or DDP/FSDP under torchrun)", add_arguments, run)
+COMMAND = Command("train a model (one process, or DDP/FSDP under torchrun)", add_arguments, run,
+                  "nothing was trained yet; start again with the same command")

@@ -1,0 +1,222 @@
+"""Interrupted training, for real: ``ecp train`` in a subprocess receives SIGINT or SIGKILL at
+random instants, is started again with the same command (``--resume`` once the folder holds a
+run), and ends with exactly the weights and metrics of an uninterrupted run, dropout on."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecp_lm.checkpoint import read_checkpoint
+from ecp_lm.plot import read_metrics
+from helpers import tiny_run_config
+
+STEPS = 24
+
+
+def run_config(tmp_path):
+    cfg = tiny_run_config(tmp_path, "ecp", ["model.dropout=0.1"], steps=STEPS, grad_accum=2,
+                          checkpoint_every=5, eval_every=6, log_every=1)
+    path = tmp_path / "run.yaml"
+    cfg.to_yaml(path)
+    return cfg, path
+
+
+def start(config_path, out):
+    argv = [sys.executable, "-m", "ecp_lm", "train", "--config", str(config_path), "--out",
+            str(out), "--quiet"]
+    if (out / "config.yaml").exists():  # the folder holds a run, or the start of one
+        argv.append("--resume")
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env)
+
+
+def wait_until_python_runs(proc) -> None:
+    """Until the child's interpreter has installed its SIGINT handler (Linux: the SigCgt mask in
+    /proc): a signal before that meets no Python code at all."""
+    status = Path(f"/proc/{proc.pid}/status")
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            caught = int(re.search(r"SigCgt:\s*([0-9a-f]+)", status.read_text()).group(1), 16)
+        except (OSError, AttributeError):
+            time.sleep(0.5)
+            return
+        if caught >> (signal.SIGINT - 1) & 1:
+            return
+        time.sleep(0.002)
+
+
+def logged_step(out) -> int:
+    """The last step whose training record is complete in metrics.jsonl (0: none yet)."""
+    try:
+        lines = (out / "metrics.jsonl").read_text().split("\n")[:-1]
+    except FileNotFoundError:
+        return 0
+    steps = [0]
+    for line in lines:
+        with contextlib.suppress(ValueError):
+            steps.append(json.loads(line)["step"])
+    return max(steps)
+
+
+def interrupt_until_done(config_path, out, signum, instants):
+    """For each instant (a step to reach, or None for start-up, and a delay after it): start the
+    run, signal it then, let it exit; finally run it to the end. Returns (exit code, output) of
+    every attempt the signal stopped."""
+    stopped = []
+    for step, delay in instants:
+        proc = start(config_path, out)
+        wait_until_python_runs(proc)
+        deadline = time.monotonic() + 120
+        while step is not None and proc.poll() is None and logged_step(out) < step \
+                and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(delay)
+        proc.send_signal(signum)
+        out_text, err = proc.communicate(timeout=120)
+        if proc.returncode != 0:  # 0: it had finished before the signal came
+            stopped.append((proc.returncode, err + out_text))
+    proc = start(config_path, out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return stopped
+
+
+def random_instants(seed: int, steps: list[int | None]) -> list[tuple[int | None, float]]:
+    """During start-up (None: 0.05 to 2 s after the interpreter is up, once its own start-up
+    code, which runs before any program, is done) or within the step after a given one."""
+    rng = random.Random(seed)
+    return [(s, rng.uniform(0.05, 2.0) if s is None else rng.uniform(0.0, 0.2)) for s in steps]
+
+
+def assert_same_run(reference, out):
+    ckpt = read_checkpoint(out / "latest")
+    assert ckpt.meta["step"] == STEPS
+    model = ckpt.load_model()
+    expected = read_checkpoint(reference / "latest").load_model()
+    for name, tensor in expected.state_dict().items():
+        assert torch.equal(tensor, model.state_dict()[name]), name
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    records = [json.loads(line) for line in lines]  # every line is complete JSON
+    train_steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert train_steps == list(range(1, STEPS + 1))  # each step once, in order
+    expected = read_metrics(reference)
+    for kind in ("train", "valid"):
+        got = read_metrics(out)[kind]
+        assert [r["step"] for r in got] == [r["step"] for r in expected[kind]]
+        assert [r["loss"] for r in got] == [r["loss"] for r in expected[kind]], kind
+
+
+@pytest.fixture
+def reference(tmp_path):
+    """The uninterrupted run, by the same command in the same kind of process."""
+    _, config_path = run_config(tmp_path)
+    out = tmp_path / "reference"
+    proc = start(config_path, out)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return out
+
+
+def test_sigint_at_random_instants_resumes_exactly(tmp_path, reference):
+    _, config_path = run_config(tmp_path)
+    out = tmp_path / "interrupted"
+    instants = random_instants(0, [None, None, None, 2, 5, 9, 10, 14, 17, 21, 23])
+    messages = interrupt_until_done(config_path, out, signal.SIGINT, instants)
+    assert len(messages) >= 6, messages
+    for code, err in messages:
+        assert code == 130, err
+        assert "Traceback" not in err
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("ecp: interrupted"), err
+    assert_same_run(reference, out)
+
+
+def test_sigkill_at_random_instants_resumes_exactly(tmp_path, reference):
+    _, config_path = run_config(tmp_path)
+    out = tmp_path / "killed"
+    instants = random_instants(1, [None, None, 3, 6, 9, 12, 16, 19, 22])
+    messages = interrupt_until_done(config_path, out, signal.SIGKILL, instants)
+    assert len(messages) >= 6 and all(code == -signal.SIGKILL for code, _ in messages)
+    assert_same_run(reference, out)
+    from ecp_lm.cli import main
+
+    assert main(["plot", str(out), "--out", str(tmp_path / "curves.png")]) == 0
+
+
+def ctrl_c_at(argv, delays, env=None):
+    """Run ``ecp ARGV`` once per delay and send SIGINT that long after the interpreter is up;
+    returns (exit code, stderr) of each run."""
+    results = []
+    for delay in delays:
+        proc = subprocess.Popen([sys.executable, "-m", "ecp_lm", *map(str, argv)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, **(env or {})})
+        wait_until_python_runs(proc)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+        results.append((proc.returncode, err))
+    return results
+
+
+def assert_one_line_or_done(results, hint=""):
+    interrupted = 0
+    for code, err in results:
+        assert "Traceback" not in err, err
+        if code == 0:
+            continue
+        interrupted += 1
+        lines = err.strip().splitlines()
+        assert code == 130 and len(lines) == 1 and lines[0].startswith("ecp: interrupted"), err
+        assert hint in lines[0] or lines[0] == "ecp: interrupted", err
+    assert interrupted >= len(results) // 2, results
+
+
+def test_ctrl_c_during_data_prepare(tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(b"a long line of text for the token cache to hold\n" * 400_000)  # 20 MB
+    out = tmp_path / "cache"
+    delays = random_instants(2, [None] * 6)
+    results = ctrl_c_at(["data", "prepare", "text", "--path", corpus, "--out", out,
+                         "--tokenizer", "bpe", "--vocab-size", "300"], [d for _, d in delays])
+    assert_one_line_or_done(results, "run the same command again")
+    if not (out / "manifest.json").exists():  # no attempt finished: nothing half-built is kept
+        assert not out.exists()
+
+
+def test_ctrl_c_during_eval(tmp_path):
+    cfg = tiny_run_config(tmp_path, steps=1)
+    from ecp_lm.train import train
+
+    train(cfg, tmp_path / "run", progress=False)
+    delays = random_instants(3, [None] * 6)
+    results = ctrl_c_at(["eval", "--ckpt", tmp_path / "run", "--split", "train",
+                         "--batch-size", "1", "--stride", "1"], [d for _, d in delays])
+    assert_one_line_or_done(results, "nothing was scored")
+
+
+def test_demo_interrupted_says_to_rerun_the_same_command(monkeypatch, capsys):
+    import ecp_lm.demo
+    from ecp_lm.cli import main
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ecp_lm.demo, "run_demo", interrupted)
+    assert main(["demo", "--quiet"]) == 130
+    err = capsys.readouterr().err
+    assert err == "ecp: interrupted; run the same command again to continue where it stopped\n"
