@@ -62,28 +62,23 @@ def atomic_directory(out: Path) -> Iterator[Path]:
 
 def remove_directory(out: Path) -> None:
     """Remove ``out``: its link and the version it names (or a real folder), and every other
-    version of it that no living process of this host is writing, so that nothing is left for a
-    reader to fall back to. Each folder is renamed out of the version namespace before it is
-    deleted, so a kill meanwhile leaves no partial version either."""
+    version that dead processes of this host left, so that nothing is left for a reader to fall
+    back to. Each folder is renamed out of the version namespace before it is deleted, so a kill
+    meanwhile leaves no partial version either."""
     out = Path(out)
     if not out.parent.is_dir():
         return
-    trash = []
+    trash = None
     with locked(_sibling(out, "lock")):
         if out.is_symlink():
             target = _own_target(out)
-            trash.append(_delete(target, out, later=True) if target is not None else None)
+            trash = _delete(target, out, later=True) if target is not None else None
             out.unlink()
         elif out.is_dir():
-            trash.append(_delete(out, out, later=True))
-        for version in _versions(out, "v"):
-            owner = _owner(version.name, f".{out.name}.")
-            if owner is not None and owner[0] == HOST and (owner[1] == os.getpid()
-                                                          or not _alive(owner[1])):
-                trash.append(_delete(version, out, later=True))
-    for folder in trash:
-        if folder is not None:
-            shutil.rmtree(folder, ignore_errors=True)
+            trash = _delete(out, out, later=True)
+        _remove_stale(out, keep_current=False)
+    if trash is not None:
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 @contextmanager
@@ -140,12 +135,13 @@ def current_version(out: Path) -> Path:
     return _fallback(out) or out
 
 
-def _remove_stale(out: Path) -> None:
+def _remove_stale(out: Path, keep_current: bool = True) -> None:
     """Remove the temporaries, versions and symlinks beside ``out`` that dead processes of this
-    host left, keeping ``out``'s current version. Anything else (a living process's, another
-    host's, a name not in this scheme) is left alone."""
+    host left, keeping ``out``'s current version (unless ``keep_current`` is off: ``out`` is
+    being removed). Anything else (a living process's, another host's, a name not in this
+    scheme) is left alone."""
     out = Path(out)
-    keep = current_version(out)
+    keep = current_version(out) if keep_current else None
     prefix = f".{out.name}."
     for entry in os.scandir(out.parent):
         owner = _owner(entry.name, prefix)

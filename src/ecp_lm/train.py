@@ -321,19 +321,18 @@ class _Loop:
         else:
             model_state, optim_state = get_state_dict(self.model, self.optimizer,
                                                       options=options)
-        rng = [_rng_state(self.dist)]
-        if name == "latest" and self.dist.world_size > 1:
-            rng = [None] * self.dist.world_size
-            torch.distributed.all_gather_object(rng, _rng_state(self.dist))
-        if name == "latest":
-            self.saved_step, self.wrote_latest = self.state["step"], True
-        if not self.dist.is_main:
-            return
         trainer = None  # the best checkpoint is for evaluation: weights only
         if name == "latest":
+            rng = [_rng_state(self.dist)]
+            if self.dist.world_size > 1:
+                rng = [None] * self.dist.world_size
+                torch.distributed.all_gather_object(rng, _rng_state(self.dist))
             trainer = {"optimizer": optim_state, "rng": rng,
                        "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
                        "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
+            self.saved_step, self.wrote_latest = self.state["step"], True
+        if not self.dist.is_main:
+            return
         meta = {"kind": name, "step": self.state["step"], "tokens_seen": self.state["tokens_seen"],
                 "validation": val,
                 "precision": resolve_precision(self.tc.precision, self.dist.device)}

@@ -17,10 +17,9 @@ import yaml
 
 from ecp_lm import __version__
 from ecp_lm.cli import bench, complexity, data, demo, evaluate, generate, plot, train
-from ecp_lm.cli.base import Command, interrupted_line
+from ecp_lm.cli.base import PROG, Command, interrupted_line
 from ecp_lm.data.fetch import FetchError
 
-PROG = "ecp"
 USER_ERRORS = (ValueError, OSError, yaml.YAMLError, FetchError)
 
 COMMANDS: dict[str, Command] = {

@@ -7,6 +7,8 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
+PROG = "ecp"
+
 
 @dataclass(frozen=True)
 class Command:

@@ -12,6 +12,8 @@ REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ecp_lm.runtime import PRECISIONS
+
     parser.add_argument("--ckpt", required=True, metavar="DIR",
                         help="a checkpoint folder, or a run folder (its best/ checkpoint, else "
                              "latest/)")
@@ -28,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score only the first N tokens of the split")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
+    parser.add_argument("--precision", choices=PRECISIONS,
                         help="fp32, or autocast to bf16/fp16; auto: bf16 on CUDA, fp32 elsewhere "
                              "(default: the run's train.precision, which its validation and "
                              "best/ checkpoint were scored with)")

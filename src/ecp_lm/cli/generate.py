@@ -11,6 +11,8 @@ from ecp_lm.cli.base import Command
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ecp_lm.runtime import PRECISIONS
+
     parser.add_argument("--ckpt", required=True, metavar="DIR",
                         help="a checkpoint folder, or a run folder (its best/, else latest/)")
     prompt = parser.add_mutually_exclusive_group(required=True)
@@ -30,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="recompute the context for every token instead of using KV caches")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
-    parser.add_argument("--precision", choices=("auto", "fp32", "bf16", "fp16"),
+    parser.add_argument("--precision", choices=PRECISIONS,
                         help="fp32, or autocast to bf16/fp16 (KV caches in that dtype); auto: "
                              "bf16 on CUDA, fp32 elsewhere (default: the run's train.precision)")
 

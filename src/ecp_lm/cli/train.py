@@ -45,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ecp_lm.cli.base import interrupted_line
+    from ecp_lm.cli.base import PROG, interrupted_line
     from ecp_lm.interrupts import Interrupted
     from ecp_lm.runconfig import RunConfig
     from ecp_lm.train import TrainingDivergedError, train
@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         result = train(cfg, args.out, resume=args.resume, progress=not args.quiet,
                        stop_at=args.stop_at)
     except TrainingDivergedError as err:
-        print(f"ecp: training stopped: {err}", file=sys.stderr)
+        print(f"{PROG}: training stopped: {err}", file=sys.stderr)
         return 1
     except Interrupted as err:
         if err.saved_step is None:
@@ -64,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             hint = (f"checkpoint of step {err.saved_step} written to {args.out}/latest; "
                     f"continue with --resume")
-        print(interrupted_line("ecp", hint), file=sys.stderr)
+        print(interrupted_line(PROG, hint), file=sys.stderr)
         return err.exit_code
     finally:
         if torch.distributed.is_initialized():
