@@ -3,7 +3,8 @@
 Ctrl-C while the command line starts prints one line and exits with 130, like Ctrl-C at any later
 instant. Importing torch is not safe to interrupt (a half-initialised torch can abort the process
 at exit), so SIGINT is held back until torch has loaded and honoured right after; once the
-command has finished, SIGINT is ignored while the interpreter shuts down.
+command has finished, SIGINT is ignored while the interpreter shuts down, and the exit status is
+the command's own even when an interrupt it handled was raised inside a module being imported.
 """
 
 from __future__ import annotations
@@ -32,10 +33,14 @@ def main() -> int:
         # The work is done: a Ctrl-C while the interpreter shuts down must not turn its exit
         # status into an interruption.
         signal.signal(signal.SIGINT, signal.SIG_IGN)
-        return code
     except KeyboardInterrupt:
         print("ecp: interrupted", file=sys.stderr)
-        return 130
+        code = 130
+    # CPython remembers a KeyboardInterrupt that left code run from a string (exec/eval, as
+    # dataclasses build their methods while modules import) and then ends the process by SIGINT
+    # at exit, even though the interrupt was handled here; running any string resets that.
+    eval("None")
+    return code
 
 
 if __name__ == "__main__":
