@@ -21,6 +21,7 @@ timeout 200 "$PY" -m pytest -q tests/test_gpu.py tests/test_kernels.py tests/tes
     -x 2>&1 | tee "$OUT/gpu_tests.txt"
 timeout 90 "$PY" benchmarks/attention.py --device cuda --dtype bfloat16 --heads 16 \
     --seq-lens 4096,16384,65536 --json "$OUT/attention_gpu.json"
-timeout 190 "$PY" -m ecp_lm bench --device cuda --archs ecp,transformer,perceiver_ar,double \
+timeout 300 "$PY" -m ecp_lm bench --device cuda \
+    --archs ecp,transformer,perceiver_ar,double,sliding_window,block_local,s2 \
     --seq-lens 2048,4096,8192,16384 --d-model 512 --n-heads 8 --batch-size 4 --repeats 5 \
     --decode --json "$OUT/bench_gpu.json" --plot "$OUT/bench_gpu.png"

@@ -114,7 +114,7 @@ def test_bench_command_writes_json(tmp_path, capsys, native_kernel):
     report = json.loads(out.read_text())
     # On CPU the native kernel builds in the test environment (the native_kernel fixture):
     # reporting the flash fallback here would be a silent substitute.
-    assert report["meta"]["ecp_kernel"] == "native"
+    assert report["meta"]["kernels"] == {"ecp": "native", "transformer": "flash"}
     rows = report["train"]
     assert [(r["arch"], r["seq_len"]) for r in rows] == [
         ("ecp", 256), ("transformer", 256), ("ecp", 512), ("transformer", 512)]

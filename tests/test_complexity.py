@@ -49,11 +49,37 @@ def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int
         later = [(range(r - l, r) if i == last else range(r), range(r),
                   double(cfg.compressed_len)) for i in range(1, num_layers)]
         return [(range(n), range(n), double(h)), *later]
+    # SPEC §3b: every layer queries every position.
+    if cfg.arch == "sliding_window":
+        w = cfg.window
+
+        def window(q: int, kv: int) -> bool:
+            return q - w < kv <= q
+        return [(range(n), range(n), window)] * num_layers
+    if cfg.arch == "block_local":
+        b = cfg.window
+
+        def blocks(q: int, kv: int) -> bool:
+            return kv <= q and q // b == kv // b
+        return [(range(n), range(n), blocks)] * num_layers
     raise AssertionError(f"no SPEC reference for arch={cfg.arch!r}: add its mask here")
 
 
-def brute_force_entries(cfg: ModelConfig) -> list[int]:
-    """Allowed (query, key) pairs of each layer, counted one by one."""
+def s2_mask(g: int, n_heads: int) -> Callable[[int, int, int], bool]:
+    """SPEC §3b s2: groups of G; the second half of the heads' groups shifted by G/2."""
+    def mask(q: int, kv: int, head: int) -> bool:
+        shift = g // 2 if head >= n_heads // 2 else 0
+        return kv <= q and (q + shift) // g == (kv + shift) // g
+    return mask
+
+
+def brute_force_entries(cfg: ModelConfig) -> list[float]:
+    """Allowed (query, key) pairs of each layer, counted one by one (the mean over heads)."""
+    if cfg.arch == "s2":
+        mask, n = s2_mask(cfg.seq_len // cfg.num_segments, cfg.n_heads), cfg.seq_len
+        per_layer = sum(mask(q, kv, h) for h in range(cfg.n_heads) for q in range(n)
+                        for kv in range(n)) / cfg.n_heads
+        return [per_layer] * cfg.n_layers
     return [sum(mask(q, kv) for q in queries for kv in keys)
             for queries, keys, mask in spec_layers(cfg)]
 
@@ -67,9 +93,22 @@ SIZES = [
 ]
 
 
+def valid(arch: str, sizes: dict) -> bool:
+    try:
+        ModelConfig(arch=arch, d_model=16, n_heads=2, **sizes)
+    except ValueError:
+        return False
+    return True
+
+
 CASES = [pytest.param(arch, sizes, id=f"{arch}-" + "-".join(map(str, sizes.values())))
-         for arch in ARCHS for sizes in SIZES
-         if arch != "compressed_double" or sizes["n_layers"] >= 2]
+         for arch in ARCHS for sizes in SIZES if valid(arch, sizes)]
+CASES += [pytest.param(arch, dict(seq_len=n, num_segments=1, window=w, n_layers=2),
+                       id=f"{arch}-N{n}-w{w}")
+          for arch in ("sliding_window", "block_local") for n, w in
+          [(16, 1), (16, 5), (17, 4), (24, 24), (10, 40)]]
+CASES += [pytest.param("s2", dict(seq_len=n, num_segments=s, n_layers=1), id=f"s2-N{n}-S{s}")
+          for n, s in [(12, 2), (20, 5), (24, 12)]]
 
 
 @pytest.mark.parametrize(("arch", "sizes"), CASES)
@@ -92,6 +131,11 @@ def test_tile_entries_small_cases() -> None:
         "double": [64 + 8 * 16, 64 + 8 * 16, 8 * 16],
         "ssplit": [16 + 8 * 16, 16 + 8 * 16, 8 * 16],  # S blocks of (h/S)² = 4 · 2²
         "compressed_double": [64 + 8 * 16, 9 + 8 * 11, 8 * 11],
+        # w = 7 (16·7 - 21 = 91 entries, nearest ECP's 88): blocks of 7, 7 and 2 queries
+        # against their previous block and themselves.
+        "sliding_window": [7 * 7 + 7 * 14 + 2 * 9] * 3,
+        "block_local": [2 * 8 * 8] * 3,  # b = 2m = 8
+        "s2": [(4 * 16 + (4 + 3 * 16 + 4)) // 2] * 3,  # G = 4: squares of 4,4,4,4 | 2,4,4,4,2
     }
     for cost in compare(base, ARCHS):
         assert list(cost.tile_entries_per_layer) == expected[cost.arch], cost.arch

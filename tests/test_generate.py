@@ -9,18 +9,19 @@ import torch
 from ecp_lm import build_model
 from ecp_lm.config import ARCHS
 from ecp_lm.generation import generate, sample
-from helpers import TINY, random_tokens, sharp_model
+from helpers import PERCEIVER_FAMILY, TINY, UNBOUNDED, random_tokens, sharp_model
 
 N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]
 PROMPT_LENGTHS = [1, M - 1, M, M + 1, N - 1]
 
 
 def reference_step_logits(model, tokens, prompt_len):
-    """What each generation step must equal: for ecp and transformer one full forward over the
-    final sequence (they are prefix-invariant); for the perceiver family, whose prediction
-    depends on where a position sits in the window, the forward over each step's window."""
+    """What each generation step must equal: for every architecture but the perceiver family one
+    full forward over the final sequence (they are prefix-invariant); for the perceiver family,
+    whose prediction depends on where a position sits in the window, the forward over each
+    step's window."""
     steps = tokens.size(1) - prompt_len
-    if model.cfg.arch in ("ecp", "transformer"):
+    if model.cfg.arch not in PERCEIVER_FAMILY:
         return model(tokens[:, :-1])[:, prompt_len - 1:]
     return torch.stack([model(tokens[:, :prompt_len + i][:, -N:])[:, -1]
                         for i in range(steps)], dim=1)
@@ -31,7 +32,7 @@ def reference_step_logits(model, tokens, prompt_len):
 def test_cached_equals_uncached_and_full_forward(arch, prompt_len):
     model = sharp_model(arch)
     prompt = random_tokens(2, prompt_len, seed=prompt_len)
-    new = N - prompt_len if arch != "ecp" else N  # stay within the window where it matters
+    new = N if arch in UNBOUNDED else N - prompt_len  # stay within the window where it matters
     with torch.no_grad():
         cached, cached_logits = generate(model, prompt, new, return_logits=True)
         plain, plain_logits = generate(model, prompt, new, use_cache=False, return_logits=True)

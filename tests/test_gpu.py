@@ -1,13 +1,14 @@
 """GPU correctness (skipped without CUDA; run by benchmarks/gpu_check.sh on a GPU machine):
-FlexAttention and the segment-batched SDPA kernels against the dense reference, forward and
-backward, cached decoding, and a bf16 training step."""
+FlexAttention and every architecture's kernels that run on CUDA against the dense reference,
+forward and backward, cached decoding, and a bf16 training step."""
 
 import pytest
 import torch
 
 from ecp_lm.config import ARCHS
 from ecp_lm.generation import generate
-from helpers import random_tokens, sharp_model
+from ecp_lm.models.archs import architecture
+from helpers import UNBOUNDED, random_tokens, sharp_model
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -18,13 +19,17 @@ def exact_matmuls():
     torch.backends.cudnn.allow_tf32 = False
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-@pytest.mark.parametrize("impl", ["flex", "sdpa"])
+CUDA_KERNELS = [(arch, impl) for arch in ARCHS
+                for impl in ("flex", "auto", *architecture(arch).kernels)
+                if impl != "native" and not (arch == "ecp" and impl == "flash")]  # CPU only
+
+
+@pytest.mark.parametrize(("arch", "impl"), CUDA_KERNELS)
 def test_cuda_kernels_equal_reference(arch, impl):
     fast = sharp_model(arch, attn_impl=impl).cuda()
     ref = sharp_model(arch, attn_impl="reference").cuda()
     ref.load_state_dict(fast.state_dict())
-    for t in (9, 31, 32) + ((67,) if arch == "ecp" else ()):
+    for t in (9, 31, 32) + ((67,) if arch in UNBOUNDED else ()):
         tokens = random_tokens(2, t + 1, seed=t).cuda()
         with torch.no_grad():
             torch.testing.assert_close(fast(tokens[:, :-1]), ref(tokens[:, :-1]), atol=1e-4,
@@ -36,7 +41,7 @@ def test_cuda_kernels_equal_reference(arch, impl):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-3, msg=name)
 
 
-@pytest.mark.parametrize("arch", ["ecp", "transformer"])
+@pytest.mark.parametrize("arch", ["ecp", "transformer", "sliding_window", "block_local", "s2"])
 def test_cuda_cached_generation(arch):
     model = sharp_model(arch).cuda()
     prompt = random_tokens(2, 5).cuda()

@@ -3,14 +3,14 @@
 import pytest
 import torch
 
-from helpers import random_tokens, sharp_model
+from helpers import UNBOUNDED, random_tokens, sharp_model
 
 # N = 32, m = N/S = 8: T in {1, m-1, m, m+1, N-1, N}, and 2N + 3 for ECP.
 LENGTHS = [1, 7, 8, 9, 31, 32]
 
 
 def lengths_for(arch: str) -> list[int]:
-    return LENGTHS + ([67] if arch == "ecp" else [])
+    return LENGTHS + ([67] if arch in UNBOUNDED else [])
 
 
 def pair(arch: str, impl: str, **overrides):

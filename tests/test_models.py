@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from ecp_lm import build_model
-from helpers import TINY, random_tokens, sharp_model
+from helpers import PERCEIVER_FAMILY, TINY, UNBOUNDED, random_tokens, sharp_model
 
 N, L, M = TINY["seq_len"], TINY["n_layers"], TINY["seq_len"] // TINY["num_segments"]
 
@@ -23,7 +23,7 @@ def predicted_positions(model, t: int) -> torch.Tensor:
 @pytest.mark.parametrize("impl", ["auto", "reference"])
 def test_causality_by_perturbation(arch, impl):
     model = sharp_model(arch, attn_impl=impl)
-    t_len = 2 * N + 3 if arch == "ecp" else N
+    t_len = 2 * N + 3 if arch in UNBOUNDED else N
     tokens = random_tokens(1, t_len)
     positions = predicted_positions(model, t_len)
     with torch.no_grad():
@@ -96,9 +96,9 @@ def test_output_shapes_and_lengths(arch):
     model = sharp_model(arch)
     latent = model.cfg.latent_len
     for t in (1, 5, N):
-        expected = t if arch in ("ecp", "transformer") else min(latent, t)
+        expected = min(latent, t) if arch in PERCEIVER_FAMILY else t
         assert model(random_tokens(3, t)).shape == (3, expected, TINY["vocab_size"])
-    if arch == "ecp":
+    if arch in UNBOUNDED:
         assert model(random_tokens(1, 3 * N + 5)).shape[1] == 3 * N + 5
     else:
         with pytest.raises(ValueError, match=rf"input length {N + 1} is outside 1..{N}"):
@@ -134,11 +134,11 @@ def test_classification_head_is_over_mean_of_predicted_rows(arch):
     model = sharp_model(arch, num_classes=10, vocab_size=d)
     twin = identity_head_twin(model)
     weight, bias = model.head.weight, model.head.bias
-    for t in (5, N, 2 * N + 3) if arch == "ecp" else (5, N):
+    for t in (5, N, 2 * N + 3) if arch in UNBOUNDED else (5, N):
         tokens = random_tokens(3, t, vocab=d, seed=t)
         with torch.no_grad():
             rows = twin(tokens)  # (B, P, d): the hidden states of the predicted positions
-            expected_p = t if arch in ("ecp", "transformer") else min(model.cfg.latent_len, t)
+            expected_p = min(model.cfg.latent_len, t) if arch in PERCEIVER_FAMILY else t
             assert rows.shape == (3, expected_p, d), (arch, t)
             expected = rows.mean(dim=1) @ weight.T + bias  # (B, num_classes)
             torch.testing.assert_close(model(tokens), expected, atol=1e-5, rtol=1e-5,

@@ -42,14 +42,17 @@ class BenchSpec:
 
 
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
-    """The benchmarked size; ECP has S = N / segment_len, s-Split S = (N/2) / segment_len."""
-    span = seq_len // 2 if arch == "ssplit" else seq_len
-    if arch in ("ecp", "ssplit") and span % spec.segment_len:
-        raise ValueError(f"{arch}: {'history length ' if arch == 'ssplit' else 'seq_len='}"
-                         f"{span} is not divisible by segment_len={spec.segment_len}")
-    segments = span // spec.segment_len
+    """The benchmarked size: segments of ``spec.segment_len`` as each architecture reads them
+    (``Architecture.bench_sizes``: ECP and s2 S = N / m, s-Split S = (N/2) / m, sliding_window
+    ECP's cost, block_local blocks of 2m)."""
+    from ecp_lm.models.archs import architecture
+
+    try:
+        sizes = architecture(arch).bench_sizes(seq_len, spec.segment_len)
+    except ValueError as err:
+        raise ValueError(f"{arch}: {err}") from err
     return ModelConfig(arch=arch, vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
-                       n_heads=spec.n_heads, seq_len=seq_len, num_segments=max(1, segments))
+                       n_heads=spec.n_heads, seq_len=seq_len, **sizes)
 
 
 def _pass_through(q, k, v, rows):
@@ -88,7 +91,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
         torch.cuda.reset_peak_memory_stats(device)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16), \
-            _count_native_calls() as native_calls:
+            _kernels_run(model) as kernels:
         times = _time_steps(model, optimizer, tokens, spec)
         peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
@@ -103,34 +106,25 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
             "attention_share": max(step - step_bare, 0.0) / step,
             "attention_entries": cost.entries, "attention_flops": cost.flops,
             "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times,
-            "ecp_kernel": _ecp_kernel(arch, device, native_calls)}
+            "kernel": ",".join(sorted(kernels))}
 
 
 @contextmanager
-def _count_native_calls() -> Iterator[list[int]]:
-    """Counts the native ECP kernel's calls (a list holding one count) while the block runs."""
-    from ecp_lm.models.attention import native
+def _kernels_run(model) -> Iterator[set[str]]:
+    """The names of the attention kernels the model's layers run while the block runs."""
+    arch, ran = model.arch, set()
+    choose = arch.kernel_for
 
-    calls, real = [0], native.segment_attention
+    def recording(*args, **kwargs):
+        kernel = choose(*args, **kwargs)
+        ran.add(kernel)
+        return kernel
 
-    def counting(*args, **kwargs):
-        calls[0] += 1
-        return real(*args, **kwargs)
-
-    native.segment_attention = counting
+    arch.kernel_for = recording
     try:
-        yield calls
+        yield ran
     finally:
-        native.segment_attention = real
-
-
-def _ecp_kernel(arch: str, device: torch.device, native_calls: list[int]) -> str | None:
-    """Which exact ECP kernel the timed steps ran (None for other architectures)."""
-    if arch != "ecp":
-        return None
-    if native_calls[0]:
-        return "native"
-    return "flex" if device.type == "cuda" else "flash"
+        del arch.kernel_for
 
 
 def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,
@@ -151,9 +145,11 @@ def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,
     return add_ratios(results)
 
 
-def add_ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Measured and analytic ratios to the transformer at the same N (when it was run)."""
-    base = {r["seq_len"]: r for r in results if r["arch"] == "transformer"}
+def add_ratios(results: list[dict[str, Any]], reference: str = "transformer"
+               ) -> list[dict[str, Any]]:
+    """Measured and analytic ratios to the ``reference`` architecture (full attention) at the
+    same N, when it was run."""
+    base = {r["seq_len"]: r for r in results if r["arch"] == reference}
     for r in results:
         t = base.get(r["seq_len"])
         r["time_ratio_to_transformer"] = r["step_s"] / t["step_s"] if t else None

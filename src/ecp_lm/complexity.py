@@ -1,15 +1,18 @@
 """Analytic attention cost of each architecture (SPEC §3; the research's cost comparison).
 
-For a full window (T = N) this counts, with closed-form formulas, the (query, key) pairs each
-layer's mask allows over the rows that layer actually computes queries for — the last layer of
-the perceiver family only queries its l predicted rows, PerceiverAR only ever queries its latents,
-and compressed_double's later layers hold p compressed history rows instead of h. Two counts:
+For a full window (T = N) this counts, with each architecture's closed-form formulas
+(``Architecture.layer_cost`` in models/archs/), the (query, key) pairs each layer's mask allows
+over the rows that layer actually computes queries for — the last layer of the perceiver family
+only queries its l predicted rows, PerceiverAR only ever queries its latents, and
+compressed_double's later layers hold p compressed history rows instead of h. Two counts:
 
 ``entries``
     exact unmasked score entries: what a kernel that skips every masked pair computes.
 ``tile_entries``
     the research's convention: every query block is scored against its whole key block, causal
-    triangles counted in full (ECP: (2S - 1)·m² per layer, i.e. (2S - 1)/S² of full attention).
+    triangles counted in full (ECP: (2S - 1)·m² per layer, i.e. (2S - 1)/S² of full attention;
+    sliding_window: blocks of w queries against their previous block and themselves; block_local
+    and s2: each block's square).
 
 FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each cost one multiply-add
 (2 FLOPs) per entry and per channel, summed over heads (n_heads · head_dim = d_model). Projections,
@@ -20,65 +23,14 @@ count of the materialised masks.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ecp_lm.config import PERCEIVER_FAMILY, ModelConfig
+from ecp_lm.config import ModelConfig
 
 FLOPS_PER_ENTRY_PER_CHANNEL = 4
 """QKᵀ and PV: one multiply-add (2 FLOPs) each per score entry and per channel of d_model."""
-
-
-def _triangle(n: int) -> int:
-    """Entries of an n×n causal block, diagonal included."""
-    return n * (n + 1) // 2
-
-
-# Per-layer (entries, tile_entries) for a full window, one function per architecture.
-LayerCost = Callable[[ModelConfig, int], tuple[int, int]]
-
-
-def _transformer(cfg: ModelConfig, layer: int) -> tuple[int, int]:
-    n = cfg.seq_len
-    return _triangle(n), n * n
-
-
-def _ecp(cfg: ModelConfig, layer: int) -> tuple[int, int]:
-    # Segment 0 sees only itself causally; each later one its whole predecessor plus itself.
-    m, s = cfg.segment_len, cfg.num_segments
-    return s * _triangle(m) + (s - 1) * m * m, (2 * s - 1) * m * m
-
-
-def _perceiver_ar(cfg: ModelConfig, layer: int) -> tuple[int, int]:
-    l, h = cfg.latent_len, cfg.history_len  # noqa: E741 (the paper's l)
-    if layer == 0:  # latents against all N keys, lower-right causal
-        return l * h + _triangle(l), l * cfg.seq_len
-    return _triangle(l), l * l
-
-
-def _double_family(cfg: ModelConfig, layer: int) -> tuple[int, int]:
-    """double, ssplit and compressed_double: a bidirectional history block of c rows (h, or p
-    after compression) plus l latent rows that see the whole history and themselves causally."""
-    l, c = cfg.latent_len, cfg.history_len  # noqa: E741 (the paper's l)
-    if cfg.arch == "compressed_double" and layer > 0:
-        c = cfg.compressed_len
-    history = c * c
-    if cfg.arch == "ssplit":
-        history = c * c // cfg.num_segments  # S blocks of (h/S)²
-    if layer == cfg.n_layers - 1:
-        history = 0  # the last layer only queries the predicted (latent) rows
-    return history + l * c + _triangle(l), history + l * (c + l)
-
-
-LAYER_COSTS: dict[str, LayerCost] = {
-    "transformer": _transformer,
-    "ecp": _ecp,
-    "perceiver_ar": _perceiver_ar,
-    "double": _double_family,
-    "ssplit": _double_family,
-    "compressed_double": _double_family,
-}
 
 
 @dataclass(frozen=True)
@@ -94,12 +46,15 @@ class AttentionCost:
     latent_len: int | None
     """l (perceiver family only, else None)."""
     num_segments: int | None
-    """S (ecp and ssplit only, else None)."""
+    """S (ecp, ssplit and s2 only, else None)."""
     compressed_len: int | None
     """p (compressed_double only, else None)."""
-    entries_per_layer: tuple[int, ...]
-    """Exact (query, key) pairs the mask allows, over the rows each layer queries."""
-    tile_entries_per_layer: tuple[int, ...]
+    window: int | None
+    """w (sliding_window and block_local only, else None)."""
+    entries_per_layer: tuple[int | float, ...]
+    """Exact (query, key) pairs the mask allows, over the rows each layer queries (per head; the
+    mean over heads where the mask differs between heads, as for s2)."""
+    tile_entries_per_layer: tuple[int | float, ...]
     """Block-tile convention: each query block against its whole key block."""
 
     @property
@@ -126,7 +81,8 @@ class AttentionCost:
     @property
     def causal_entries(self) -> int:
         """L · N(N+1)/2: full causal attention over every row in every layer."""
-        return self.n_layers * _triangle(self.seq_len)
+        n = self.seq_len
+        return self.n_layers * n * (n + 1) // 2
 
     @property
     def full_entries(self) -> int:
@@ -146,7 +102,7 @@ class AttentionCost:
         """ECP: exactly (2S - 1)/S²."""
         return self.tile_entries / self.full_entries
 
-    def _flops(self, entries: int) -> int:
+    def _flops(self, entries: int | float) -> int | float:
         return FLOPS_PER_ENTRY_PER_CHANNEL * self.d_model * entries
 
     def to_dict(self) -> dict[str, Any]:
@@ -163,15 +119,17 @@ class AttentionCost:
 
 
 def attention_cost(cfg: ModelConfig) -> AttentionCost:
-    """The analytic attention cost of ``cfg``'s architecture over a full window."""
-    layer_cost = LAYER_COSTS[cfg.arch]
-    per_layer = [layer_cost(cfg, i) for i in range(cfg.n_layers)]
+    """The analytic attention cost of ``cfg``'s architecture over a full window (each
+    architecture's ``layer_cost``)."""
+    from ecp_lm.models.archs import architecture
+
+    arch = architecture(cfg.arch)(cfg)
+    per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
+    sizes = {name: getattr(cfg, name) if name in arch.size_fields else None
+             for name in ("latent_len", "num_segments", "compressed_len", "window")}
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
-        latent_len=cfg.latent_len if cfg.arch in PERCEIVER_FAMILY else None,
-        num_segments=cfg.num_segments if cfg.arch in ("ecp", "ssplit") else None,
-        compressed_len=cfg.compressed_len if cfg.arch == "compressed_double" else None,
-        entries_per_layer=tuple(e for e, _ in per_layer),
+        **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
         tile_entries_per_layer=tuple(t for _, t in per_layer))
 
 
@@ -204,7 +162,8 @@ def _run_lengths(values: Iterable[int]) -> str:
 
 
 def _sizes(cost: AttentionCost) -> str:
-    parts = [("l", cost.latent_len), ("S", cost.num_segments), ("p", cost.compressed_len)]
+    parts = [("l", cost.latent_len), ("S", cost.num_segments), ("p", cost.compressed_len),
+             ("w", cost.window)]
     return " ".join(f"{name}={value}" for name, value in parts if value is not None) or "-"
 
 

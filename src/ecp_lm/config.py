@@ -1,7 +1,9 @@
-"""Model configuration: one validated dataclass for all six architectures, presets, YAML.
+"""Model configuration: one validated dataclass for every architecture, presets, YAML.
 
 Notation follows the research (SPEC §1): N = ``seq_len``, l = ``latent_len``, h = N - l,
-S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``.
+S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``, w = ``window``.
+The shared fields are checked here; each architecture fills in and checks its own
+(``Architecture.configure`` in ``models/archs/``).
 """
 
 from __future__ import annotations
@@ -13,11 +15,10 @@ from typing import Any
 
 import yaml
 
-ARCHS = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit", "ecp")
-# Architectures whose window is split into a history and l trailing latent positions.
-PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
+from ecp_lm.models.archs import ARCHS, REGISTRY, architecture  # noqa: F401 (ARCHS re-exported)
+
 ROPE_MODES = ("all", "first", "none")
-ATTN_IMPLS = ("auto", "reference", "sdpa", "flex")
+ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "reference")
 
 
 @dataclass
@@ -26,7 +27,7 @@ class ModelConfig:
 
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
-    ``ecp``."""
+    ``ecp``, and the same-cost baselines ``sliding_window``, ``block_local``, ``s2``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -40,9 +41,15 @@ class ModelConfig:
     latent_len: int | None = None
     """Latent length l of the perceiver family (default N/2): the positions that are predicted."""
     num_segments: int = 4
-    """S: ECP segments per window (m = N/S), or s-Split history segments (of length h/S)."""
+    """S, which sets the segment length m = N/S of ``ecp`` and the group length G = m of ``s2``
+    (and the default ``window`` of ``sliding_window`` and ``block_local``); for ``ssplit`` the
+    number of history segments, of length h/S. ``segment_len`` is that length."""
     compressed_len: int | None = None
     """p: rows the history is compressed to after layer 0 (``compressed_double``; default h/2)."""
+    window: int | None = None
+    """w: ``sliding_window``'s window (each query sees itself and w - 1 earlier positions;
+    default: the same unmasked score entries as ``ecp`` at this N and S, about 3m/2) or
+    ``block_local``'s block (default 2m, ECP's one-layer reach)."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -54,16 +61,20 @@ class ModelConfig:
     tie_embeddings: bool = False
     """The output head shares its weight with the token embedding."""
     attn_impl: str = "auto"
-    """``auto`` (fastest exact kernel for the device), ``sdpa`` (segment-batched
-    scaled_dot_product_attention), ``flex`` (FlexAttention; backward only on CUDA), or
-    ``reference`` (dense masked attention built from the mask predicate)."""
+    """The attention kernel, named by what runs: ``auto`` (the fastest exact kernel that can run
+    each call), ``native`` (the C++ band kernel: CPU, no dropout; ecp and the local baselines),
+    ``flash`` (PyTorch's fused SDPA kernels without a mask), ``mask`` (SDPA with a small static
+    mask, batched over blocks), ``flex`` (FlexAttention; no dropout, backward only on CUDA), or
+    ``reference`` (dense masked attention built from the mask predicate). Each architecture
+    has some of native/flash/mask; an explicit kernel that cannot run a call raises
+    ValueError."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""
 
     def __post_init__(self) -> None:
-        if self.arch not in ARCHS:
-            raise ValueError(f"arch={self.arch!r} is not one of {', '.join(ARCHS)}")
+        if self.arch not in REGISTRY:
+            raise ValueError(f"arch={self.arch!r} is not one of {', '.join(REGISTRY)}")
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "num_segments",
                      "ff_mult"):
             value = getattr(self, name)
@@ -79,6 +90,9 @@ class ModelConfig:
                              f"rotary embeddings (rope={self.rope!r}) need an even one")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} is outside [0, 1)")
+        if self.attn_impl == "sdpa":
+            raise ValueError("attn_impl='sdpa' was split by the kernel that runs: use 'auto' "
+                             "(the fastest), or 'native', 'flash' or 'mask'")
         if self.attn_impl not in ATTN_IMPLS:
             raise ValueError(f"attn_impl={self.attn_impl!r} is not one of {', '.join(ATTN_IMPLS)}")
         if self.num_classes is not None and (isinstance(self.num_classes, bool)
@@ -88,32 +102,15 @@ class ModelConfig:
         if self.num_classes is not None and self.tie_embeddings:
             raise ValueError(f"tie_embeddings=True needs the language-model head, "
                              f"but num_classes={self.num_classes} replaces it")
-        self._check_arch()
-
-    def _check_arch(self) -> None:
-        n = self.seq_len
+        for name in ("latent_len", "compressed_len", "window"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ValueError(f"{name}={value!r} must be an integer")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window={self.window} must be a positive integer")
         if self.latent_len is None:
-            self.latent_len = max(1, n // 2)
-        if isinstance(self.latent_len, bool) or not isinstance(self.latent_len, int):
-            raise ValueError(f"latent_len={self.latent_len!r} must be an integer")
-        if self.arch in PERCEIVER_FAMILY and not 1 <= self.latent_len <= n - 1:
-            raise ValueError(f"latent_len={self.latent_len} is not in 1..seq_len-1={n - 1}")
-        if self.arch == "ecp" and n % self.num_segments:
-            raise ValueError(
-                f"seq_len={n} is not divisible by num_segments={self.num_segments}")
-        h = self.history_len
-        if self.arch == "ssplit" and h % self.num_segments:
-            raise ValueError(f"history length seq_len-latent_len={h} is not divisible by "
-                             f"num_segments={self.num_segments}")
-        if self.arch == "compressed_double":
-            if self.compressed_len is None:
-                self.compressed_len = max(1, h // 2)
-            if not 1 <= self.compressed_len <= h - 1:
-                raise ValueError(f"compressed_len={self.compressed_len} is not in "
-                                 f"1..history_len-1={h - 1}")
-            if self.n_layers < 2:
-                raise ValueError(f"compressed_double needs n_layers >= 2 (the history is "
-                                 f"compressed after layer 0), got n_layers={self.n_layers}")
+            self.latent_len = max(1, self.seq_len // 2)
+        architecture(self.arch).configure(self)
 
     # Derived sizes -------------------------------------------------------------------------
     @property
@@ -127,10 +124,8 @@ class ModelConfig:
 
     @property
     def segment_len(self) -> int:
-        """m = N / S for ECP; h / S (the history segment) for s-Split."""
-        if self.arch == "ssplit":
-            return self.history_len // self.num_segments
-        return self.seq_len // self.num_segments
+        """m = N / S: ECP's segment and s2's group; h / S, the history segment, for s-Split."""
+        return architecture(self.arch).segment_length(self)
 
     # Serialisation -------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from ecp_lm.evaluate import (
     score_stream,
     scored_text,
 )
-from ecp_lm.models.archs import ARCHITECTURES
+from ecp_lm.models.archs import architecture
 from ecp_lm.models.lm import next_token_loss
 from ecp_lm.runconfig import RunConfig
 
@@ -58,7 +58,7 @@ class LanguageModelling:
         self.windows = TrainWindows(self.cache.tokens("train"), model.seq_len, train.batch_size,
                                     train.seed, dist.rank, dist.world_size)
         self.seq_len = model.seq_len
-        self.num_predicted = ARCHITECTURES[model.arch](model).num_predicted(model.seq_len)
+        self.num_predicted = architecture(model.arch)(model).num_predicted(model.seq_len)
         self.stride = default_stride(model.seq_len, model.latent_len)
         check_stride(self.stride, model.seq_len, self.num_predicted, model.arch)
         valid = self.cache.tokens("valid")

@@ -88,8 +88,7 @@ def test_study_tiny_budget(tmp_path):
     """`python -m ecp_lm.experiments.study --budget tiny`: every entry, the JSON, the tables."""
     import json
 
-    from ecp_lm.config import ARCHS
-    from ecp_lm.experiments.study import BUDGETS, entries, run_study
+    from ecp_lm.experiments.study import BUDGETS, STUDY_ARCHS, entries, run_study
 
     fetched(lambda: open_source("enwiki-mini"))
     fetched(load_mnist_5k)
@@ -99,7 +98,7 @@ def test_study_tiny_budget(tmp_path):
     assert saved == results
     for kind, field in (("lm", "bits_per_byte"), ("mnist", "accuracy"), ("probe", "accuracy")):
         runs = [r for r in results if r["kind"] == kind]
-        assert {r["arch"] for r in runs} == set(ARCHS)
+        assert {r["arch"] for r in runs} == set(STUDY_ARCHS)
         assert all(field in r for r in runs)
     lm = [r for r in results if r["name"].startswith("lm/")]
     params = [r["params"] for r in lm]

@@ -22,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ecp_lm.config import ARCHS
 
     parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
-                        help="architectures to measure (default: all six)")
+                        help="architectures to measure (default: all)")
     parser.add_argument("--seq-lens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
                         metavar="N,N,...", help="sequence lengths (default: 1024,...,16384)")
     parser.add_argument("--d-model", type=int, default=256, help="model width (default: 256)")
@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        "threads": torch.get_num_threads(), **vars(spec),
-                       "ecp_kernel": _ecp_kernel(results)},
+                       "kernels": {r["arch"]: r["kernel"] for r in results}},
               "train": results}
     if args.decode:
         report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
@@ -72,12 +72,6 @@ def run(args: argparse.Namespace) -> int:
     if args.plot:
         bench.plot(results, str(args.plot))
     return 0
-
-
-def _ecp_kernel(results: list[dict]) -> str | None:
-    """The exact ECP kernel the timed ECP steps ran, as each case reported it."""
-    kernels = sorted({r["ecp_kernel"] for r in results if r.get("ecp_kernel")})
-    return ",".join(kernels) or None
 
 
 COMMAND = Command("measure training speed and memory of each architecture against N",

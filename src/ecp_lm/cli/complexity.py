@@ -16,8 +16,11 @@ from ecp_lm.config import ARCHS, PRESETS
 SIZE_OVERRIDES = {
     "seq_len": "training window N",
     "latent_len": "latent length l of the perceiver family (default N/2)",
-    "num_segments": "S: ECP segments per window (m = N/S), or s-Split history segments",
+    "num_segments": "S: segments per window (ECP's m and s2's group G are N/S), or s-Split's "
+                    "history segments (h/S)",
     "compressed_len": "p: rows compressed_double compresses the history to (default h/2)",
+    "window": "w: sliding_window's window (default: ECP's cost) or block_local's block "
+              "(default 2m)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",
@@ -68,7 +71,7 @@ def parse_archs(text: str) -> list[str]:
 def add_complexity_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
-                        help="comma-separated architectures to compare (default: all six)")
+                        help="comma-separated architectures to compare (default: all)")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list (one object per architecture: per-layer and "
                              "total entries and FLOPs, ratios) instead of the table")

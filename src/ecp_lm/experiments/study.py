@@ -21,7 +21,7 @@ from typing import Any
 
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
-from ecp_lm.config import ARCHS, ModelConfig
+from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate import evaluate_checkpoint
 from ecp_lm.experiments.probe import RecallSpec, train_probe
 from ecp_lm.plot import plot_runs, read_metrics
@@ -71,10 +71,14 @@ BUDGETS = {
 }
 
 
+STUDY_ARCHS = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit", "ecp")
+"""The research's six architectures (the same-cost baselines are studied at long context)."""
+
+
 def entries(budget: Budget) -> list[dict[str, Any]]:
     """Every run of the study, in order: (name, kind, model/train overrides)."""
     out = []
-    for arch in ARCHS:
+    for arch in STUDY_ARCHS:
         for seed in range(budget.seeds.get(arch, 1)):
             out.append({"name": f"lm/{arch}/seed{seed}", "kind": "lm", "arch": arch,
                         "seed": seed, "model": {"arch": arch}})
@@ -89,10 +93,10 @@ def entries(budget: Budget) -> list[dict[str, Any]]:
     for name, model in ablations.items():
         out.append({"name": f"ablation/ecp-{name}", "kind": "lm", "arch": "ecp", "seed": 0,
                     "model": {"arch": "ecp", **model}, "note": f"N={n}"})
-    for arch in ARCHS:
+    for arch in STUDY_ARCHS:
         out.append({"name": f"mnist/{arch}", "kind": "mnist", "arch": arch, "seed": 0,
                     "model": {"arch": arch}})
-    for arch in ARCHS:
+    for arch in STUDY_ARCHS:
         for depth in budget.probe_depths:
             out.append({"name": f"probe/{arch}/L{depth}", "kind": "probe", "arch": arch,
                         "seed": 0, "model": {"arch": arch, "n_layers": depth}})
@@ -101,7 +105,7 @@ def entries(budget: Budget) -> list[dict[str, Any]]:
 
 def _lm_config(budget: Budget, entry: dict) -> RunConfig:
     model = {"vocab_size": 256, **budget.lm_model, **entry["model"]}
-    if model["arch"] == "compressed_double":
+    if _compresses(model["arch"]):
         model["compressed_len"] = matched_compressed_len(ModelConfig(**model))
     data = {"model": model,
             "data": {"source": "enwiki-mini", "tokenizer": "bytes"},
@@ -112,10 +116,18 @@ def _lm_config(budget: Budget, entry: dict) -> RunConfig:
 def _mnist_config(budget: Budget, entry: dict) -> RunConfig:
     model = {"vocab_size": 256, "seq_len": 784, "num_classes": 10, **budget.mnist_model,
              **entry["model"]}
-    if model["arch"] == "compressed_double":
+    if _compresses(model["arch"]):
         model["compressed_len"] = matched_compressed_len(ModelConfig(**model))
     data = {"model": model, "data": {"source": "mnist-5k"}, "train": dict(budget.mnist_train)}
     return RunConfig.from_dict(data)
+
+
+def _compresses(arch: str) -> bool:
+    """Whether ``arch`` adds a learned history compression (``compressed_len``), whose size the
+    study matches to the other architectures' parameter count."""
+    from ecp_lm.models.archs import architecture
+
+    return "compressed_len" in architecture(arch).size_fields
 
 
 def matched_compressed_len(cfg: ModelConfig, tolerance: float = 0.04) -> int:
@@ -188,7 +200,7 @@ def markdown(results: list[dict], budget_name: str) -> str:
              "## Language modelling: enwiki-mini test split, bytes", "",
              "| arch | seeds | test bits/byte (mean ± half-range) | params | attention / full "
              "(exact) | train tok/s | train wall s |", "|---|---|---|---|---|---|---|"]
-    for arch in ARCHS:
+    for arch in STUDY_ARCHS:
         runs = [r for r in results if r["kind"] == "lm" and r["arch"] == arch
                 and r["name"].startswith("lm/")]
         if runs:

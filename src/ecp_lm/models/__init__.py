@@ -1,5 +1,16 @@
-"""Models: the shared skeleton and the six attention patterns."""
+"""Models: the shared skeleton and the attention patterns (loaded on first use, so that the
+architecture registry in ``models.archs`` can be read without torch)."""
 
-from ecp_lm.models.lm import LanguageModel, build_model
+from __future__ import annotations
+
+from importlib import import_module
 
 __all__ = ["LanguageModel", "build_model"]
+
+
+def __getattr__(name: str) -> object:
+    if name not in __all__:
+        raise AttributeError(f"module 'ecp_lm.models' has no attribute {name!r}")
+    value = getattr(import_module("ecp_lm.models.lm"), name)
+    globals()[name] = value
+    return value

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs import ARCHITECTURES
+from ecp_lm.models.archs import architecture
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
 
@@ -22,7 +22,7 @@ class LanguageModel(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.arch = ARCHITECTURES[cfg.arch](cfg)
+        self.arch = architecture(cfg.arch)(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
         rope = None if cfg.rope == "none" else RotaryEmbedding(cfg.head_dim)

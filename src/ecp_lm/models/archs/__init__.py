@@ -1,19 +1,39 @@
-"""The six architectures, by ``ModelConfig.arch`` name."""
+"""The architectures, by ``ModelConfig.arch`` name.
 
-from ecp_lm.models.archs.base import Architecture
-from ecp_lm.models.archs.compressed_double import CompressedDouble
-from ecp_lm.models.archs.double import Double, SSplit
-from ecp_lm.models.archs.ecp import ECP
-from ecp_lm.models.archs.perceiver_ar import PerceiverAR
-from ecp_lm.models.archs.transformer import Transformer
+Each lives in one module of this package as one ``Architecture`` subclass (base.py says what it
+owns); adding one is one new file and one line below. Importing this module loads none of them
+(nor torch): ``architecture(name)`` imports the one asked for.
+"""
 
-ARCHITECTURES: dict[str, type[Architecture]] = {
-    "transformer": Transformer,
-    "perceiver_ar": PerceiverAR,
-    "double": Double,
-    "compressed_double": CompressedDouble,
-    "ssplit": SSplit,
-    "ecp": ECP,
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ecp_lm.models.archs.base import Architecture
+
+REGISTRY: dict[str, str] = {  # name -> "module:Class" in this package
+    "transformer": "transformer:Transformer",
+    "perceiver_ar": "perceiver_ar:PerceiverAR",
+    "double": "double:Double",
+    "compressed_double": "compressed_double:CompressedDouble",
+    "ssplit": "double:SSplit",
+    "ecp": "ecp:ECP",
+    "sliding_window": "sliding_window:SlidingWindow",
+    "block_local": "block_local:BlockLocal",
+    "s2": "s2:ShiftedSparse",
 }
 
-__all__ = ["ARCHITECTURES", "Architecture"]
+ARCHS: tuple[str, ...] = tuple(REGISTRY)
+
+
+def architecture(name: str) -> type[Architecture]:
+    """The class of architecture ``name`` (ValueError for an unknown name)."""
+    if name not in REGISTRY:
+        raise ValueError(f"arch={name!r} is not one of {', '.join(ARCHS)}")
+    module, cls = REGISTRY[name].split(":")
+    return getattr(import_module(f"{__name__}.{module}"), cls)
+
+
+__all__ = ["ARCHS", "REGISTRY", "architecture"]

@@ -47,6 +47,24 @@ class CompressingBlock(Block):
 
 
 class CompressedDouble(Double):
+    size_fields = ("latent_len", "compressed_len")
+
+    @classmethod
+    def configure(cls, cfg: ModelConfig) -> None:
+        super().configure(cfg)
+        h = cfg.history_len
+        if cfg.compressed_len is None:
+            cfg.compressed_len = max(1, h // 2)
+        if not 1 <= cfg.compressed_len <= h - 1:
+            raise ValueError(f"compressed_len={cfg.compressed_len} is not in "
+                             f"1..history_len-1={h - 1}")
+        if cfg.n_layers < 2:
+            raise ValueError(f"compressed_double needs n_layers >= 2 (the history is "
+                             f"compressed after layer 0), got n_layers={cfg.n_layers}")
+
+    def history_rows(self, layer: int) -> int:
+        return self.cfg.history_len if layer == 0 else self.cfg.compressed_len
+
     def make_block(self, layer: int, rope: RotaryEmbedding | None) -> Block:
         if layer == 0:
             return CompressingBlock(self.cfg, self, rope)

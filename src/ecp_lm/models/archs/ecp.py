@@ -5,7 +5,8 @@ segment and its own segment causally. Each layer extends the look-back by one se
 propagates upward through depth while every attention costs O(T·2m). The mask does not depend on
 N, so any input length T >= 1 is exact, including T > N; nor does it change when every position
 moves by a multiple of m, so a window may start at any such offset (``start_pos``): it computes
-the same function there as at 0, and a stream can run on at any absolute position.
+the same function there as at 0, and a stream can run on at any absolute position. Decoding keeps
+the last 2m positions per layer (the previous segment and the current one).
 """
 
 from __future__ import annotations
@@ -13,40 +14,55 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import Architecture
+from ecp_lm.models.archs.base import BandArchitecture, BandRule, triangle
 from ecp_lm.models.attention.kernels import segment_pair_attention
 from ecp_lm.models.attention.masks import SegmentPairMask
-from ecp_lm.models.rows import Rows
 
 
-class ECP(Architecture):
+class ECP(BandArchitecture):
+    kernels = ("native", "flash", "mask")
+    size_fields = ("num_segments",)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.mask = SegmentPairMask(cfg.segment_len)
 
-    @property
-    def max_len(self) -> int | None:
-        return None
+    @classmethod
+    def configure(cls, cfg: ModelConfig) -> None:
+        super().configure(cfg)
+        if cfg.seq_len % cfg.num_segments:
+            raise ValueError(
+                f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
+
+    @classmethod
+    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
+        if seq_len % segment_len:
+            raise ValueError(f"seq_len={seq_len} is not divisible by segment_len={segment_len}")
+        return super().bench_sizes(seq_len, segment_len)
 
     @property
-    def cache_capacity(self) -> int:
-        return 2 * self.cfg.segment_len  # the previous segment and the current one
+    def period(self) -> int:
+        return self.segment_len
 
-    def check_start_pos(self, start_pos: int) -> None:
-        m = self.cfg.segment_len
-        if start_pos < 0 or start_pos % m:
-            raise ValueError(f"start_pos={start_pos} is not a non-negative multiple of "
-                             f"segment_len={m} (ecp segments are aligned to position 0)")
+    def period_text(self) -> str:
+        return f"segment_len={self.period} (ecp segments are aligned to position 0)"
 
-    def context_start(self, length: int) -> int:
-        # The prediction is the output at position length - 1, in segment s; through L layers
-        # it reaches back to the start of segment max(0, s - L) and no further (SPEC §3).
-        m = self.cfg.segment_len
-        return max(0, (length - 1) // m - self.cfg.n_layers) * m
+    def band_rules(self) -> list[tuple[slice, BandRule]]:
+        m = self.segment_len
+        return [(slice(None), (m, 0, m))]
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
-        # Every ECP position is predicted, so queries and keys are the same rows. The kernel cuts
-        # them into segments from the first row: exact when that row starts a segment.
-        m = self.mask.segment_len
-        assert rows.main.start % m == 0 and q.size(-2) == k.size(-2) == len(rows)
-        return segment_pair_attention(q, k, v, m, dropout_p)
+    def layer_cost(self, layer: int) -> tuple[int, int]:
+        # Segment 0 sees only itself causally; each later one its whole predecessor plus itself.
+        m, s = self.segment_len, self.cfg.num_segments
+        return s * triangle(m) + (s - 1) * m * m, (2 * s - 1) * m * m
+
+    def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+                        kernel: str) -> Tensor:
+        return segment_pair_attention(q, k, v, self.segment_len, dropout_p, kernel)
+
+    def kernel_problem(self, kernel: str, q: Tensor, dropout_p: float,
+                       needs_backward: bool) -> str | None:
+        if kernel == "flash" and (q.device.type != "cpu" or dropout_p > 0.0):
+            return ("ecp's flash kernel merges two CPU flash-attention calls by log-sum-exp: "
+                    "CPU only, without dropout")
+        return super().kernel_problem(kernel, q, dropout_p, needs_backward)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ecp_lm.models.archs.base import PerceiverFamily
+from ecp_lm.models.archs.base import PerceiverFamily, triangle
 from ecp_lm.models.attention.kernels import causal_attention
 from ecp_lm.models.attention.masks import CausalMask
 from ecp_lm.models.rows import Rows
@@ -17,9 +17,17 @@ from ecp_lm.models.rows import Rows
 
 class PerceiverAR(PerceiverFamily):
     mask = CausalMask()
+    kernels = ("flash",)
 
     def num_queries(self, layer: int, rows: Rows, n_predicted: int) -> int:
         return n_predicted
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
+    def layer_cost(self, layer: int) -> tuple[int, int]:
+        l, h = self.cfg.latent_len, self.cfg.history_len  # noqa: E741 (the paper's l)
+        if layer == 0:  # latents against all N keys, lower-right causal
+            return l * h + triangle(l), l * self.cfg.seq_len
+        return triangle(l), l * l
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
         return causal_attention(q, k, v, dropout_p)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ecp_lm.models.archs.base import Architecture
+from ecp_lm.models.archs.base import Architecture, triangle
 from ecp_lm.models.attention.kernels import causal_attention
 from ecp_lm.models.attention.masks import CausalMask
 from ecp_lm.models.rows import Rows
@@ -12,10 +12,16 @@ from ecp_lm.models.rows import Rows
 
 class Transformer(Architecture):
     mask = CausalMask()
+    kernels = ("flash",)
 
     @property
     def cache_capacity(self) -> int:
         return self.cfg.seq_len
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float) -> Tensor:
+    def layer_cost(self, layer: int) -> tuple[int, int]:
+        n = self.cfg.seq_len
+        return triangle(n), n * n
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
         return causal_attention(q, k, v, dropout_p)

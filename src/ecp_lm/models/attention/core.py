@@ -1,7 +1,7 @@
 """Multi-head attention: projections, rotary embedding and kernel dispatch (SPEC §2).
 
 This module owns the parameters; which keys a query may see is the architecture's business
-(its mask predicate and its exact fast kernel), so the same module serves all six patterns.
+(its mask predicate and its exact fast kernel), so the same module serves every pattern.
 """
 
 from __future__ import annotations
@@ -66,16 +66,12 @@ class Attention(nn.Module):
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
         dropout_p = self.dropout if self.training else 0.0
-        impl = self.impl
-        if impl == "auto":
-            impl = "flex" if q.is_cuda else "sdpa"
         needs_backward = torch.is_grad_enabled() and q.requires_grad
-        if impl == "flex" and (dropout_p > 0.0 or (needs_backward and not q.is_cuda)):
-            impl = "sdpa"  # FlexAttention has no dropout, and no backward off CUDA
-        if impl == "reference":
+        kernel = self.arch.kernel_for(self.impl, q, dropout_p, needs_backward)
+        if kernel == "reference":
             kv_pos = rows.positions(q.device)
             return reference_attention(q, k, v, self.arch.mask, kv_pos[len(rows) - q.size(-2):],
                                        kv_pos, dropout_p)
-        if impl == "flex":
+        if kernel == "flex":
             return flex_attention_from_mask(q, k, v, self.arch.mask, rows)
-        return self.arch.attend(q, k, v, rows, dropout_p)
+        return self.arch.attend(q, k, v, rows, dropout_p, kernel)

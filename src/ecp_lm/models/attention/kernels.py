@@ -7,9 +7,14 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
 - ``causal_attention``: lower-right aligned causal (query i sees keys 0 .. Rk - Rq + i). SDPA's
   ``is_causal`` is upper-left aligned, so it is only used when Rq == Rk.
 - ``segment_pair_attention``: ECP. Each segment's m queries attend to [previous segment, own
-  segment], batched over segments: O(T·2m), never T×T. On CPU (no dropout) the native kernel
-  (native.py, ~1.5·m² entries per segment), or where it cannot be built two flash calls merged
-  by log-sum-exp (segment_lse.py); elsewhere one call with a static (m, 2m) mask.
+  segment], batched over segments: O(T·2m), never T×T. Three exact kernels: ``native`` (CPU, no
+  dropout; the band kernel of native.py, ~1.5·m² entries per segment), ``flash`` (CPU, no dropout:
+  two flash calls merged by log-sum-exp, segment_lse.py) and ``mask`` (any device: one SDPA call
+  with a static (m, 2m) mask, batched over segments).
+- ``paired_blocks_attention``: the ``mask`` kernel of any pattern where a block of c queries sees
+  at most its previous block and itself (ECP with c = m, a sliding window with c = w).
+- ``block_causal_attention``: causal attention within consecutive blocks, batched over blocks
+  (block_local, and each half of the heads of s2).
 - ``double_attention``: the Double Attention family. History rows attend (unmasked) within their
   history block; latent rows attend lower-right causally to every key.
 - ``flex_attention_from_mask``: FlexAttention with the predicate as ``mask_mod``.
@@ -35,7 +40,7 @@ def reference_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tens
                         kv_pos: Tensor, dropout_p: float = 0.0) -> Tensor:
     """Dense softmax attention with the mask predicate materialised on absolute positions."""
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Rq, Rk)
-    allowed = materialize(mask, q_pos, kv_pos)  # (Rq, Rk)
+    allowed = materialize(mask, q_pos, kv_pos, q.size(1))  # (Rq, Rk), or (H, Rq, Rk) per head
     probs = scores.masked_fill(~allowed, float("-inf")).softmax(dim=-1)
     if dropout_p > 0.0:
         probs = F.dropout(probs, p=dropout_p)
@@ -57,37 +62,60 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) ->
 
 
 @lru_cache(maxsize=32)
-def _segment_pair_mask(m: int, device: torch.device) -> Tensor:
-    """(m, 2m): every key of the previous segment, then causal within the own segment."""
+def segment_pair_mask(m: int, device: torch.device) -> Tensor:
+    """(m, 2m) for ECP: every key of the previous segment, then causal within the own segment."""
     row = torch.arange(m, device=device)[:, None]
     col = torch.arange(2 * m, device=device)[None, :]
     return (col < m) | (col - m <= row)
 
 
 def segment_pair_attention(q: Tensor, k: Tensor, v: Tensor, segment_len: int,
-                           dropout_p: float = 0.0) -> Tensor:
+                           dropout_p: float = 0.0, kernel: str | None = None) -> Tensor:
     """ECP attention over T rows (any T >= 1) at consecutive positions whose first one starts a
-    segment (0, or any multiple of m: the segment structure is the same)."""
-    b, n_heads, t, d = q.shape
+    segment (0, or any multiple of m: the segment structure is the same). ``kernel``: "native",
+    "flash" or "mask"; None picks the fastest that can run this call."""
     m = segment_len
-    pad = -t % m
-    if pad:  # padded rows come after every real query, so causality hides them as keys
-        q, k, v = (F.pad(x, (0, 0, 0, pad)) for x in (q, k, v))
-    s = (t + pad) // m
-    q, k, v = (x.reshape(b, n_heads, s, m, d) for x in (q, k, v))  # (B, H, S, m, D)
-    if native.supports(q, dropout_p):  # ~1.5·m² per segment instead of 2·m²
-        out = native.segment_attention(q, k, v)
-    elif q.device.type == "cpu" and dropout_p == 0.0:
-        out = segment_pairs_lse(q, k, v)
-    else:
-        out = segment_pairs_masked(q, k, v, dropout_p)
-    return out.reshape(b, n_heads, s * m, d)[:, :, :t]
+    if kernel is None:
+        if native.supports(q, dropout_p):
+            kernel = "native"
+        elif q.device.type == "cpu" and dropout_p == 0.0:
+            kernel = "flash"
+        else:
+            kernel = "mask"
+    if kernel == "native":  # ~1.5·m² per segment instead of 2·m²
+        return native.band_attention(q, k, v, (m, 0, m))
+    if kernel == "mask":
+        return paired_blocks_attention(q, k, v, m, segment_pair_mask(m, q.device), dropout_p)
+    b, n_heads, t, d = q.shape
+    q, k, v = (_pad_rows(x, -t % m).reshape(b, n_heads, -1, m, d) for x in (q, k, v))
+    return segment_pairs_lse(q, k, v).reshape(b, n_heads, -1, d)[:, :, :t]
 
 
-def segment_pairs_masked(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) -> Tensor:
+def _pad_rows(x: Tensor, pad: int) -> Tensor:
+    """Zero rows after the last one: later than every real query, so causality hides them."""
+    return F.pad(x, (0, 0, 0, pad)) if pad else x
+
+
+def paired_blocks_attention(q: Tensor, k: Tensor, v: Tensor, block_len: int, pair_mask: Tensor,
+                            dropout_p: float = 0.0) -> Tensor:
+    """Rows cut into blocks of c = ``block_len`` from the first; block 0 attends causally to
+    itself, every later block to [previous block, own block] under ``pair_mask`` (c, 2c): one
+    SDPA call batched over blocks, O(T·2c). Exact for any mask in which a query sees nothing
+    before the previous block and, within the first block, every earlier key."""
+    b, n_heads, t, d = q.shape
+    q, k, v = (_pad_rows(x, -t % block_len).reshape(b, n_heads, -1, block_len, d)
+               for x in (q, k, v))
+    out = segment_pairs_masked(q, k, v, dropout_p, pair_mask)
+    return out.reshape(b, n_heads, -1, d)[:, :, :t]
+
+
+def segment_pairs_masked(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0,
+                         pair_mask: Tensor | None = None) -> Tensor:
     """q, k, v (B, H, S, m, D): each segment against [previous, own] under one static (m, 2m)
-    mask, one SDPA call batched over segments."""
+    mask (by default ECP's), one SDPA call batched over segments."""
     b, n_heads, s, m, d = q.shape
+    if pair_mask is None:
+        pair_mask = segment_pair_mask(m, q.device)
     # Segment 0 has no previous segment: plain causal attention.
     first = F.scaled_dot_product_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0],
                                            dropout_p=dropout_p, is_causal=True)
@@ -99,9 +127,29 @@ def segment_pairs_masked(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0
             q[:, :, 1:].reshape(b, n_heads * (s - 1), m, d),
             pair_k.reshape(b, n_heads * (s - 1), 2 * m, d),
             pair_v.reshape(b, n_heads * (s - 1), 2 * m, d),
-            attn_mask=_segment_pair_mask(m, q.device), dropout_p=dropout_p)
+            attn_mask=pair_mask, dropout_p=dropout_p)
         outs.append(rest.reshape(b, n_heads, s - 1, m, d))
     return torch.cat(outs, dim=2)
+
+
+def block_causal_attention(q: Tensor, k: Tensor, v: Tensor, block_len: int,
+                           first_len: int | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Causal attention within consecutive blocks of rows: a first block of ``first_len`` rows
+    (default ``block_len``), then blocks of ``block_len``, the last one possibly shorter; one
+    SDPA call batched over the blocks after the first. Queries and keys are the same rows."""
+    t = q.size(-2)
+    first = min(first_len or block_len, t)
+    out = [F.scaled_dot_product_attention(q[..., :first, :], k[..., :first, :],
+                                          v[..., :first, :], dropout_p=dropout_p, is_causal=True)]
+    rest = t - first
+    if rest:
+        b, n_heads, _, d = q.shape
+        pad = -rest % block_len
+        q, k, v = (_pad_rows(x[..., first:, :], pad).reshape(b, -1, block_len, d)
+                   for x in (q, k, v))
+        blocks = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+        out.append(blocks.reshape(b, n_heads, -1, d)[:, :, :rest])
+    return torch.cat(out, dim=-2)
 
 
 def blockwise_attention(q: Tensor, k: Tensor, v: Tensor, first_len: int, block_len: int,
@@ -152,22 +200,25 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tensor,
                      slot_pos: Tensor) -> Tensor:
     """New queries against a cache's slots (slot position -1 = empty), masked by the predicate on
     absolute positions: (B, H, Rq, D) x (B, H, S, D) -> (B, H, Rq, D)."""
-    allowed = (slot_pos[None, :] >= 0) & mask(q_pos[:, None], slot_pos[None, :])  # (Rq, S)
+    allowed = (slot_pos >= 0) & materialize(mask, q_pos, slot_pos, q.size(1))  # ([H,] Rq, S)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
 # FlexAttention --------------------------------------------------------------------------------
 
 @lru_cache(maxsize=64)
-def _block_mask(mask: Mask, q_rows: Rows, kv_rows: Rows, device: torch.device):
+def _block_mask(mask: Mask, q_rows: Rows, kv_rows: Rows, n_heads: int, device: torch.device):
     from torch.nn.attention.flex_attention import create_block_mask
 
     q_pos, kv_pos = q_rows.positions(device), kv_rows.positions(device)
 
     def mask_mod(b, h, q_idx, kv_idx):
+        if mask.per_head:
+            return mask(q_pos[q_idx], kv_pos[kv_idx], h)
         return mask(q_pos[q_idx], kv_pos[kv_idx])
 
-    return create_block_mask(mask_mod, None, None, len(q_rows), len(kv_rows), device=device)
+    heads = n_heads if mask.per_head else None
+    return create_block_mask(mask_mod, None, heads, len(q_rows), len(kv_rows), device=device)
 
 
 @lru_cache(maxsize=1)
@@ -182,6 +233,6 @@ def flex_attention_from_mask(q: Tensor, k: Tensor, v: Tensor, mask: Mask, rows: 
     (mask, layout, device) and reused. Compiled on CUDA; eager (forward only) elsewhere."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    block_mask = _block_mask(mask, rows.tail(q.size(-2)), rows, q.device)
+    block_mask = _block_mask(mask, rows.tail(q.size(-2)), rows, q.size(1), q.device)
     kernel = _compiled_flex() if q.is_cuda else flex_attention
     return kernel(q, k, v, block_mask=block_mask)

@@ -1,14 +1,17 @@
 """Attention masks as predicates on absolute positions (SPEC §2–§3).
 
 A mask is a small frozen dataclass: ``mask(q_pos, kv_pos)`` broadcasts over integer tensors and
-returns True where the query may see the key. It is the specification of an architecture's
-attention: the dense reference kernel materialises it, the fast kernels must equal that, and
-FlexAttention uses it as its ``mask_mod``. Print one, or ``materialize`` it for small sizes.
+returns True where the query may see the key. A mask that differs between heads (``per_head``,
+LongLoRA's shifted groups) takes the head index too: ``mask(q_pos, kv_pos, head)``. It is the
+specification of an architecture's attention: the dense reference kernel materialises it, the fast
+kernels must equal that, and FlexAttention uses it as its ``mask_mod``. Print one, or
+``materialize`` it for small sizes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -17,6 +20,8 @@ from torch import Tensor
 @dataclass(frozen=True)
 class CausalMask:
     """``kv <= q``: the transformer, and every PerceiverAR layer (lower-right aligned)."""
+
+    per_head: ClassVar[bool] = False
 
     def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
         return kv <= q
@@ -30,6 +35,7 @@ class SegmentPairMask:
     """
 
     segment_len: int
+    per_head: ClassVar[bool] = False
 
     def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
         m = self.segment_len
@@ -48,6 +54,7 @@ class DoubleMask:
 
     history_len: int
     segment_len: int | None = None
+    per_head: ClassVar[bool] = False
 
     def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
         h = self.history_len
@@ -57,12 +64,61 @@ class DoubleMask:
         return history | ((q >= h) & (kv <= q))
 
 
-Mask = CausalMask | SegmentPairMask | DoubleMask
+@dataclass(frozen=True)
+class SlidingWindowMask:
+    """``q - w < kv <= q``: each query sees itself and the previous w - 1 positions."""
+
+    window: int
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        return (kv <= q) & (kv > q - self.window)
 
 
-def materialize(mask: Mask, q_pos: Tensor, kv_pos: Tensor) -> Tensor:
-    """The boolean (len(q_pos), len(kv_pos)) grid of ``mask``; True = may attend."""
-    return mask(q_pos[:, None], kv_pos[None, :])
+@dataclass(frozen=True)
+class BlockLocalMask:
+    """``kv <= q and q // b == kv // b``: causal within non-overlapping blocks of b positions,
+    aligned to position 0; nothing crosses a block boundary."""
+
+    block_len: int
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        b = self.block_len
+        return (kv <= q) & (q // b == kv // b)
+
+
+@dataclass(frozen=True)
+class ShiftedGroupMask:
+    """LongLoRA's shifted sparse attention (S²-Attn): causal within groups of G positions. Heads
+    0 .. H/2 - 1 use groups aligned to position 0, ``q // G == kv // G``; heads H/2 .. H - 1
+    groups shifted by G/2, ``(q + G/2) // G == (kv + G/2) // G``, without wrap-around (their
+    first group, 0 .. G/2 - 1, is G/2 long)."""
+
+    group_len: int
+    n_heads: int
+    per_head: ClassVar[bool] = True
+
+    def __call__(self, q: Tensor, kv: Tensor, head: Tensor) -> Tensor:
+        g = self.group_len
+        shift = (head >= self.n_heads // 2) * (g // 2)
+        return (kv <= q) & ((q + shift) // g == (kv + shift) // g)
+
+
+Mask = (CausalMask | SegmentPairMask | DoubleMask | SlidingWindowMask | BlockLocalMask
+        | ShiftedGroupMask)
+
+
+def materialize(mask: Mask, q_pos: Tensor, kv_pos: Tensor, n_heads: int | None = None
+                ) -> Tensor:
+    """The boolean (len(q_pos), len(kv_pos)) grid of ``mask``; True = may attend. A per-head
+    mask gives (n_heads, len(q_pos), len(kv_pos)); either broadcasts over (B, H, Rq, Rk)."""
+    if not mask.per_head:
+        return mask(q_pos[:, None], kv_pos[None, :])
+    if n_heads is None:
+        raise ValueError(f"{mask} differs between heads: materialize it with n_heads")
+    heads = torch.arange(n_heads, device=q_pos.device)[:, None, None]
+    return mask(q_pos[None, :, None], kv_pos[None, None, :], heads)
 
 
 def show(grid: Tensor) -> str:

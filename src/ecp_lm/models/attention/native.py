@@ -1,18 +1,38 @@
-"""The native ECP kernel (``csrc/segment_attention.cpp``): exact segment-pair attention on CPU at
-about (1.5 + block / 2m)·m² score entries per segment, forward and backward.
+"""The native band-attention kernel (``csrc/band_attention.cpp``): exact attention on CPU, forward
+and backward, for every rule where query row t sees the keys lo(t) .. t with
+
+    lo(t) = max(0, floor((t + shift) / period) · period − shift − back)
+
+for a band rule ``(period, shift, back)`` (period >= 1, 0 <= shift < period, back >= 0; t is the
+row's position within the call). Instances:
+
+* ECP, segment m: ``(m, 0, m)`` -- the whole previous segment and, causally, its own;
+* sliding window of w keys (itself and the w − 1 before it): ``(1, 0, w − 1)``;
+* block-local attention in blocks of b: ``(b, 0, 0)``;
+* LongLoRA S2 shifted groups of G: ``(G, 0, 0)`` for the plain half, ``(G, G // 2, 0)`` for the
+  shifted half (the first shifted group is G / 2 long; no wrap-around).
+
+Work is split into query blocks of ``block`` rows; a block sees the keys from lo(first row) to its
+last row in one buffer, so the entries computed per query are those it needs plus the triangles
+at the sides of its block: about (1.5 + block / 2m)·m² per ECP segment of m queries (against
+1.5·m² needed), w − 1 + block per query for a sliding window of w (against at most w), b·b per
+block-local block of b queries when block = b (against b(b + 1)/2). ``default_block`` picks the
+block per rule: 32 (``WINDOW_BLOCK``) for sliding windows, 64 (``BLOCK``) for ECP with 64 | m,
+otherwise a block that starts on the rule's boundaries where one of a useful size exists.
 
 It is compiled with the system C++ compiler on first use (a few seconds) and cached by
 ``torch.utils.cpp_extension`` under ``$TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), in one folder per Python, torch version and CPU instruction set,
-so that machines sharing a home directory do not share a binary. Where it cannot be built, one
-warning is given and ECP falls back to the flash-attention kernels of ``segment_lse.py``.
-``ECP_LM_NATIVE=0`` turns it off.
+``~/.cache/torch_extensions``), in one folder per Python, torch version, CPU instruction set and
+source hash, so that machines sharing a home directory do not share a binary and an edited source
+is rebuilt. Where it cannot be built, one warning is given and ECP falls back to the
+flash-attention kernels of ``segment_lse.py``. ``ECP_LM_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import math
 import os
 import platform
 import sys
@@ -23,8 +43,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("csrc") / "segment_attention.cpp"
-BLOCK = 64  # query rows per work item; the diagonal tile wastes block²/2 entries per block
+SOURCE = Path(__file__).with_name("csrc") / "band_attention.cpp"
+BLOCK = 64  # query rows per work item for ECP-like rules
+WINDOW_BLOCK = 32  # query rows per work item for sliding windows (see default_block)
 DTYPES = (torch.float32, torch.float64)
 _OPS = "ecp_lm_native"
 STALE_LOCK_S = 600
@@ -39,6 +60,14 @@ def _cpu_tag() -> str:
     except OSError:
         pass
     return hashlib.sha256(f"{platform.machine()} {flags}".encode()).hexdigest()[:10]
+
+
+def _source_tag() -> str:
+    """A short hash of the C++ source: another source builds in another folder."""
+    try:
+        return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+    except OSError:  # missing source: the build fails and says so
+        return "nosource"
 
 
 def _cflags() -> list[str]:
@@ -70,7 +99,8 @@ def build_directory() -> Path:
     from torch.utils.cpp_extension import get_default_build_root
 
     version = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
-    return Path(get_default_build_root()) / f"{_OPS}_{version}_{_cpu_tag()}".replace("+", "_")
+    name = f"{_OPS}_{version}_{_cpu_tag()}_{_source_tag()}"
+    return Path(get_default_build_root()) / name.replace("+", "_")
 
 
 def _remove_stale_lock(folder: Path) -> None:
@@ -105,18 +135,18 @@ def _build() -> bool:
 @functools.cache  # once per process, however often the library is loaded
 def _register_python_parts() -> None:
     """Shapes for torch.compile's tracing, and the backward for autograd."""
-    forward = f"{_OPS}::segment_attention_forward"
+    forward = f"{_OPS}::band_attention_forward"
 
     @torch.library.register_fake(forward)
-    def _(q, k, v, m, block):
+    def _(q, k, v, period, shift, back, block):
         return torch.empty_like(q), q.new_empty(q.shape[:2])
 
-    @torch.library.register_fake(f"{_OPS}::segment_attention_backward")
-    def _(grad, q, k, v, out, lse, m, block):
+    @torch.library.register_fake(f"{_OPS}::band_attention_backward")
+    def _(grad, q, k, v, out, lse, period, shift, back, block):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def setup_context(ctx, inputs, output):
-        q, k, v, ctx.m, ctx.block = inputs
+        q, k, v, *ctx.rule_and_block = inputs
         out, lse = output
         ctx.mark_non_differentiable(lse)
         ctx.save_for_backward(q, k, v, out, lse)
@@ -124,9 +154,9 @@ def _register_python_parts() -> None:
     def backward(ctx, grad, _grad_lse):
         q, k, v, out, lse = ctx.saved_tensors
         ops = getattr(torch.ops, _OPS)
-        dq, dk, dv = ops.segment_attention_backward(grad.contiguous(), q, k, v, out, lse,
-                                                    ctx.m, ctx.block)
-        return dq, dk, dv, None, None
+        dq, dk, dv = ops.band_attention_backward(grad.contiguous(), q, k, v, out, lse,
+                                                 *ctx.rule_and_block)
+        return dq, dk, dv, None, None, None, None
 
     torch.library.register_autograd(forward, backward, setup_context=setup_context)
 
@@ -136,10 +166,48 @@ def supports(q: Tensor, dropout_p: float = 0.0) -> bool:
     return q.device.type == "cpu" and q.dtype in DTYPES and dropout_p == 0.0 and load()
 
 
-def segment_attention(q: Tensor, k: Tensor, v: Tensor, block: int = BLOCK) -> Tensor:
+@torch.compiler.assume_constant_result  # plain integer arithmetic; torch.compile calls it
+def default_block(rule: tuple[int, int, int]) -> int:
+    """Query rows per work item for a band rule (period, shift, back), from CPU measurements
+    (D = 64, float32, forward + backward):
+
+    * sliding window: ``WINDOW_BLOCK`` (32): at w = 385 it is about 3% faster than 64 (which
+      computes w + 63 entries per query instead of w + 31) and within a few percent of the best
+      block for w from 8 to 768;
+    * otherwise, blocks that start on the rule's boundaries (multiples of period, less shift)
+      waste only the triangles inside segments, so the largest divisor of gcd(period, shift) in
+      [16, 64] (64 for ECP with m = 256); where there is none, the smallest multiple of that gcd
+      from 32 up when the gcd is below 16 (blocks under 16 rows cost more per work item than
+      the extra entries of a larger block save), else ``BLOCK``.
+    """
+    period, shift, _ = rule
+    if period == 1:
+        return WINDOW_BLOCK
+    unit = math.gcd(period, shift)  # block starts that are multiples of it can be boundaries
+    divisors = [b for b in range(16, min(unit, BLOCK) + 1) if unit % b == 0]
+    if divisors:
+        return divisors[-1]
+    return -(-32 // unit) * unit if unit < 16 else BLOCK
+
+
+def band_attention(q: Tensor, k: Tensor, v: Tensor, rule: tuple[int, int, int],
+                   block: int | None = None) -> Tensor:
+    """q, k, v (B, H, T, D) -> (B, H, T, D): row t attends to the keys lo(t) .. t, where
+    lo(t) = max(0, floor((t + shift) / period) · period − shift − back) for the band rule
+    ``rule = (period, shift, back)``; ``block`` query rows per work item (None: a default for the
+    rule, see ``default_block``)."""
+    b, h, t, d = q.shape
+    period, shift, back = (int(x) for x in rule)
+    block = default_block((period, shift, back)) if block is None else block
+    flat = [x.reshape(b * h, t, d).contiguous() for x in (q, k, v)]
+    out, _ = getattr(torch.ops, _OPS).band_attention_forward(*flat, period, shift, back, block)
+    return out.reshape(b, h, t, d)
+
+
+def segment_attention(q: Tensor, k: Tensor, v: Tensor, block: int | None = None) -> Tensor:
     """q, k, v (B, H, S, m, D) -> (B, H, S, m, D): each segment's queries against the whole
-    previous segment and, causally, their own; ``block`` query rows per work item."""
+    previous segment and, causally, their own (the band rule (m, 0, m)); ``block`` query rows per
+    work item (None: ``default_block``, which is ``BLOCK`` whenever BLOCK divides m)."""
     b, h, s, m, d = q.shape
-    flat = [x.reshape(b * h, s * m, d).contiguous() for x in (q, k, v)]
-    out, _ = getattr(torch.ops, _OPS).segment_attention_forward(*flat, m, block)
-    return out.reshape(b, h, s, m, d)
+    flat = [x.reshape(b, h, s * m, d) for x in (q, k, v)]
+    return band_attention(*flat, (m, 0, m), block).reshape(b, h, s, m, d)

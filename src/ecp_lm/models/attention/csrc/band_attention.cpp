@@ -1,21 +1,34 @@
-// Exact ECP attention on CPU: each segment's queries see the whole previous segment and their
-// own segment causally. Work is split into blocks of `block` queries; a query block attends to
-// the keys from the start of the previous segment up to its own last row, so only the
-// triangle inside the diagonal (block x block) tile is computed and thrown away: about
-// (1.5 + block / (2m)) * m^2 score entries per segment, against 2 * m^2 for a static
-// (m, 2m) mask. All keys of a query block fit one buffer (at most 2m), so the softmax is exact
-// in one pass, without the running rescaling of a flash kernel.
+// Exact band attention on CPU. A band rule (period, shift, back) gives every query row t (its
+// position within the call, 0-based) the keys lo(t) .. t, with
 //
-// Layout: q, k, v, out (BH, N, D) contiguous, N = S * m; lse (BH, N), all of one dtype.
-// The backward pass runs in two phases, even then odd query segments: a query segment s writes
-// the key gradients of segments s-1 and s only, so segments of one parity never write the same
-// rows and need no locks or private copies.
+//     lo(t) = max(0, floor((t + shift) / period) * period - shift - back),
+//
+// which never decreases with t. Instances: ECP with segment m is (m, 0, m) (a query sees the
+// whole previous segment and its own causally); a sliding window of w keys is (1, 0, w - 1);
+// block-local attention in blocks of b is (b, 0, 0); LongLoRA's shifted groups of G are
+// (G, G / 2, 0), the first group being G / 2 long.
+//
+// Work is split into query blocks of `block` rows starting at multiples of `block`. A block
+// [q0, q0 + rows) attends to the keys lo(q0) .. q0 + rows - 1 in one buffer; row i keeps the
+// entries lo(q0 + i) - lo(q0) .. q0 + i - lo(q0) and zeroes the rest, so only triangles at the
+// sides of each block are computed and thrown away: about (1.5 + block / (2m)) * m^2 score
+// entries per ECP segment, w - 1 + block per query for a sliding window. All keys of a block fit
+// one buffer, so the softmax is exact in one pass, without the running rescaling of a flash
+// kernel.
+//
+// Layout: q, k, v, out (BH, T, D) contiguous, any T; lse (BH, T), all of one dtype.
+// The backward pass cuts the rows into chunks of C rows (whole blocks) and runs the even chunks,
+// then the odd ones. A chunk [x, x + C) writes the key gradients of rows lo(x) .. x + C - 1
+// only; C is the smallest multiple of `block` with lo(x + 2C) >= x + C for every chunk start x,
+// so chunks of one parity never write the same rows and need no locks or private copies (for
+// ECP with block | m, C = m; for a sliding window, C >= w - 1).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -100,23 +113,54 @@ T row_sum(const T* x, int n) {
   return sum;
 }
 
+// Which keys each query row sees: lo(t) .. t.
+struct Rule {
+  int64_t period, shift, back;
+  int64_t lo(int64_t t) const {
+    return std::max<int64_t>(0, (t + shift) / period * period - shift - back);
+  }
+};
+
 // The rows of one query block and the keys they see.
 struct Tile {
   int64_t q0;  // first query row (within one batch-head)
   int rows;    // query rows in the block
-  int64_t k0;  // first key row: start of the previous segment (or 0)
+  int64_t k0;  // first key row: lo(q0)
   int keys;    // k0 .. q0 + rows - 1
-  // Row i sees the first visible(i) keys; the rest lie above the causal diagonal.
-  int visible(int i) const { return keys - rows + i + 1; }
+  // Row i keeps the entries first(i) .. last(i) of its buffer row (inclusive).
+  int first(const Rule& rule, int i) const { return static_cast<int>(rule.lo(q0 + i) - k0); }
+  int last(int i) const { return static_cast<int>(q0 + i - k0); }
 };
 
-Tile tile(int64_t segment, int64_t block_index, int64_t m, int64_t block) {
+Tile tile(const Rule& rule, int64_t index, int64_t n, int64_t block) {
   Tile t;
-  t.q0 = segment * m + block_index * block;
-  t.rows = static_cast<int>(std::min(block, m - block_index * block));
-  t.k0 = segment > 0 ? (segment - 1) * m : 0;
+  t.q0 = index * block;
+  t.rows = static_cast<int>(std::min(block, n - t.q0));
+  t.k0 = rule.lo(t.q0);
   t.keys = static_cast<int>(t.q0 + t.rows - t.k0);
   return t;
+}
+
+// The largest rows x keys buffer any tile needs.
+int64_t buffer_size(const Rule& rule, int64_t n, int64_t block) {
+  int64_t size = 1;
+  for (int64_t j = 0; j * block < n; ++j) {
+    const Tile t = tile(rule, j, n, block);
+    size = std::max<int64_t>(size, static_cast<int64_t>(t.rows) * t.keys);
+  }
+  return size;
+}
+
+// The backward chunk length: the smallest multiple of block such that chunks of one parity
+// write disjoint key-gradient rows. Chunk [x, x + C) writes rows lo(x) .. x + C - 1 and lo never
+// decreases, so lo(x + 2C) >= x + C for every chunk start x suffices. C with 2C >= n always
+// passes (no two chunks share a parity), so the search ends.
+int64_t chunk_length(const Rule& rule, int64_t n, int64_t block) {
+  for (int64_t c = block;; c += block) {
+    bool disjoint = true;
+    for (int64_t x = 0; x + 2 * c < n && disjoint; x += c) disjoint = rule.lo(x + 2 * c) >= x + c;
+    if (disjoint) return c;
+  }
 }
 
 void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
@@ -126,45 +170,53 @@ void check(const at::Tensor& x, const at::Tensor& like, const char* name) {
               ", expected ", like.scalar_type());
 }
 
-// Checks the inputs; returns the block size to use (a block never spans more than a segment).
-int64_t check_inputs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, int64_t m,
-                     int64_t block) {
-  TORCH_CHECK(q.dim() == 3, "q must be (BH, N, D), got ", q.sizes());
+// Checks the inputs; returns the rule and the block size to use (at most T, at least 1).
+std::pair<Rule, int64_t> check_inputs(const at::Tensor& q, const at::Tensor& k,
+                                      const at::Tensor& v, int64_t period, int64_t shift,
+                                      int64_t back, int64_t block) {
+  TORCH_CHECK(q.dim() == 3, "q must be (BH, T, D), got ", q.sizes());
   TORCH_CHECK(k.sizes() == q.sizes() && v.sizes() == q.sizes(), "q, k, v shapes differ: ",
               q.sizes(), " ", k.sizes(), " ", v.sizes());
-  TORCH_CHECK(m > 0 && q.size(1) % m == 0, "length ", q.size(1), " is not a multiple of the ",
-              "segment length ", m);
+  TORCH_CHECK(q.size(2) > 0, "head dimension D must be positive, got ", q.sizes());
+  TORCH_CHECK(q.size(1) < INT_MAX && q.size(2) < INT_MAX, "T and D must be below 2^31, got ",
+              q.sizes());
+  TORCH_CHECK(period >= 1, "band rule: period must be >= 1, got ", period);
+  TORCH_CHECK(shift >= 0 && shift < period, "band rule: shift must be in [0, period = ", period,
+              "), got ", shift);
+  TORCH_CHECK(back >= 0, "band rule: back must be >= 0, got ", back);
   TORCH_CHECK(block > 0, "block must be positive, got ", block);
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kDouble,
               "only float32 and float64 are supported, got ", q.scalar_type());
   check(q, q, "q");
   check(k, q, "k");
   check(v, q, "v");
-  return std::min(block, m);
+  return {Rule{period, shift, back}, std::max<int64_t>(1, std::min(block, q.size(1)))};
 }
 
 template <typename T>
 void forward_kernel(const T* q, const T* k, const T* v, T* out, T* lse, int64_t bh,
-                    int64_t n, int64_t d, int64_t m, int64_t block) {
-  const int64_t segments = n / m, blocks = (m + block - 1) / block;
+                    int64_t n, int64_t d, const Rule& rule, int64_t block) {
+  const int64_t tiles = (n + block - 1) / block;
+  const size_t size = static_cast<size_t>(buffer_size(rule, n, block));
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int D = static_cast<int>(d);
-  at::parallel_for(0, bh * segments * blocks, 1, [&](int64_t begin, int64_t end) {
-    std::vector<T> p(static_cast<size_t>(block * 2 * m)), sums(static_cast<size_t>(block));
+  at::parallel_for(0, bh * tiles, 1, [&](int64_t begin, int64_t end) {
+    std::vector<T> p(size), sums(static_cast<size_t>(block));
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t b = item / (segments * blocks), rest = item % (segments * blocks);
-      const Tile t = tile(rest / blocks, rest % blocks, m, block);
+      const int64_t b = item / tiles;
+      const Tile t = tile(rule, item % tiles, n, block);
       const T* qb = q + (b * n + t.q0) * d;
       const T* kb = k + (b * n + t.k0) * d;
       const T* vb = v + (b * n + t.k0) * d;
       gemm(false, true, t.rows, t.keys, D, scale, qb, D, kb, D, T(0), p.data(), t.keys);
       for (int i = 0; i < t.rows; ++i) {
         T* row = p.data() + static_cast<int64_t>(i) * t.keys;
-        const int len = t.visible(i);
-        const T top = row_max(row, len);
-        exp_shifted(row, row, len, top);
-        sums[i] = row_sum(row, len);
-        std::fill(row + len, row + t.keys, T(0));
+        const int lo = t.first(rule, i), hi = t.last(i) + 1, len = hi - lo;
+        const T top = row_max(row + lo, len);
+        exp_shifted(row + lo, row + lo, len, top);
+        sums[i] = row_sum(row + lo, len);
+        std::fill(row, row + lo, T(0));
+        std::fill(row + hi, row + t.keys, T(0));
         lse[b * n + t.q0 + i] = top + std::log(sums[i]);
       }
       T* o = out + (b * n + t.q0) * d;  // unnormalised P V, then each row divided by its sum
@@ -180,18 +232,21 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, T* lse, int64_t 
 template <typename T>
 void backward_kernel(const T* grad, const T* q, const T* k, const T* v, const T* out,
                      const T* lse, T* dq, T* dk, T* dv, int64_t bh, int64_t n, int64_t d,
-                     int64_t m, int64_t block) {
-  const int64_t segments = n / m, blocks = (m + block - 1) / block;
+                     const Rule& rule, int64_t block) {
+  const int64_t chunk = chunk_length(rule, n, block), chunks = (n + chunk - 1) / chunk;
+  const int64_t tiles_per_chunk = chunk / block;
+  const size_t size = static_cast<size_t>(buffer_size(rule, n, block));
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
   const int D = static_cast<int>(d);
   for (int64_t parity = 0; parity < 2; ++parity) {
-    const int64_t per_head = (segments - parity + 1) / 2;
+    const int64_t per_head = (chunks - parity + 1) / 2;
     at::parallel_for(0, bh * per_head, 1, [&](int64_t begin, int64_t end) {
-      std::vector<T> p(static_cast<size_t>(block * 2 * m)), ds(p.size());
+      std::vector<T> p(size), ds(size);
       for (int64_t item = begin; item < end; ++item) {
-        const int64_t b = item / per_head, segment = 2 * (item % per_head) + parity;
-        for (int64_t j = 0; j < blocks; ++j) {
-          const Tile t = tile(segment, j, m, block);
+        const int64_t b = item / per_head, ch = 2 * (item % per_head) + parity;
+        for (int64_t j = ch * tiles_per_chunk; j < (ch + 1) * tiles_per_chunk && j * block < n;
+             ++j) {
+          const Tile t = tile(rule, j, n, block);
           const int64_t qrow = b * n + t.q0, krow = b * n + t.k0;
           const T *qb = q + qrow * d, *gb = grad + qrow * d, *ob = out + qrow * d;
           gemm(false, true, t.rows, t.keys, D, scale, qb, D, k + krow * d, D, T(0), p.data(),
@@ -201,13 +256,15 @@ void backward_kernel(const T* grad, const T* q, const T* k, const T* v, const T*
           for (int i = 0; i < t.rows; ++i) {
             T* prow = p.data() + static_cast<int64_t>(i) * t.keys;
             T* srow = ds.data() + static_cast<int64_t>(i) * t.keys;
-            const int len = t.visible(i);
+            const int lo = t.first(rule, i), hi = t.last(i) + 1;
             T delta = 0;  // rowsum(dO * O) = rowsum(dP * P)
             for (int c = 0; c < D; ++c) delta += gb[i * D + c] * ob[i * D + c];
-            exp_shifted(prow, prow, len, lse[qrow + i]);
-            for (int c = 0; c < len; ++c) srow[c] = prow[c] * (srow[c] - delta);
-            std::fill(prow + len, prow + t.keys, T(0));
-            std::fill(srow + len, srow + t.keys, T(0));
+            exp_shifted(prow + lo, prow + lo, hi - lo, lse[qrow + i]);
+            for (int c = lo; c < hi; ++c) srow[c] = prow[c] * (srow[c] - delta);
+            std::fill(prow, prow + lo, T(0));
+            std::fill(srow, srow + lo, T(0));
+            std::fill(prow + hi, prow + t.keys, T(0));
+            std::fill(srow + hi, srow + t.keys, T(0));
           }
           gemm(false, false, t.rows, D, t.keys, scale, ds.data(), t.keys, k + krow * d, D, T(0),
                dq + qrow * d, D);
@@ -221,26 +278,37 @@ void backward_kernel(const T* grad, const T* q, const T* k, const T* v, const T*
   }
 }
 
-std::tuple<at::Tensor, at::Tensor> segment_attention_forward(const at::Tensor& q,
-                                                             const at::Tensor& k,
-                                                             const at::Tensor& v, int64_t m,
-                                                             int64_t block) {
-  block = check_inputs(q, k, v, m, block);
+std::tuple<at::Tensor, at::Tensor> band_attention_forward(const at::Tensor& q,
+                                                          const at::Tensor& k,
+                                                          const at::Tensor& v, int64_t period,
+                                                          int64_t shift, int64_t back,
+                                                          int64_t block) {
+  const auto checked = check_inputs(q, k, v, period, shift, back, block);
+  const Rule rule = checked.first;
+  const int64_t rows = checked.second;
   const int64_t bh = q.size(0), n = q.size(1), d = q.size(2);
   auto out = at::empty_like(q);
   auto lse = at::empty({bh, n}, q.options());
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "segment_attention_forward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_attention_forward", [&] {
     forward_kernel<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                              v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                             lse.data_ptr<scalar_t>(), bh, n, d, m, block);
+                             lse.data_ptr<scalar_t>(), bh, n, d, rule, rows);
   });
   return {out, lse};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_attention_backward(
+std::tuple<at::Tensor, at::Tensor, at::Tensor> band_attention_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-    const at::Tensor& out, const at::Tensor& lse, int64_t m, int64_t block) {
-  block = check_inputs(q, k, v, m, block);
+    const at::Tensor& out, const at::Tensor& lse, int64_t period, int64_t shift, int64_t back,
+    int64_t block) {
+  const auto checked = check_inputs(q, k, v, period, shift, back, block);
+  const Rule rule = checked.first;
+  const int64_t rows = checked.second;
+  TORCH_CHECK(grad.sizes() == q.sizes() && out.sizes() == q.sizes(),
+              "grad and out must be shaped like q ", q.sizes(), ", got ", grad.sizes(), " ",
+              out.sizes());
+  TORCH_CHECK(lse.dim() == 2 && lse.size(0) == q.size(0) && lse.size(1) == q.size(1),
+              "lse must be (BH, T) = (", q.size(0), ", ", q.size(1), "), got ", lse.sizes());
   check(grad, q, "grad");
   check(out, q, "out");
   check(lse, q, "lse");
@@ -248,12 +316,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_attention_backward(
   auto dq = at::empty_like(q);
   auto dk = at::zeros_like(k);
   auto dv = at::zeros_like(v);
-  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "segment_attention_backward", [&] {
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_attention_backward", [&] {
     backward_kernel<scalar_t>(grad.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(),
                               k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                               out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
                               dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-                              dv.data_ptr<scalar_t>(), bh, n, d, m, block);
+                              dv.data_ptr<scalar_t>(), bh, n, d, rule, rows);
   });
   return {dq, dk, dv};
 }
@@ -261,13 +329,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> segment_attention_backward(
 }  // namespace
 
 TORCH_LIBRARY(ecp_lm_native, lib) {
-  lib.def("segment_attention_forward(Tensor q, Tensor k, Tensor v, int m, int block) -> "
-          "(Tensor, Tensor)");
-  lib.def("segment_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
-          "Tensor lse, int m, int block) -> (Tensor, Tensor, Tensor)");
+  lib.def("band_attention_forward(Tensor q, Tensor k, Tensor v, int period, int shift, "
+          "int back, int block) -> (Tensor, Tensor)");
+  lib.def("band_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
+          "Tensor lse, int period, int shift, int back, int block) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(ecp_lm_native, CPU, lib) {
-  lib.impl("segment_attention_forward", &segment_attention_forward);
-  lib.impl("segment_attention_backward", &segment_attention_backward);
+  lib.impl("band_attention_forward", &band_attention_forward);
+  lib.impl("band_attention_backward", &band_attention_backward);
 }
