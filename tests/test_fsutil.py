@@ -87,6 +87,7 @@ def _write_checkpoints(out: str, step: int, started) -> None:
     """Child: continue from ``step``, saving every next step to ``out`` until killed."""
     torch.set_num_threads(1)
     _slow_file_system()
+    RunConfig()  # load the model code a config validates with before the kills start
     started.set()
     while True:
         step += 1
