@@ -1,11 +1,12 @@
 """Sparse attention kernels against full causal SDPA: forward + backward time and peak memory.
 
-Kernels: ``ecp`` (what ECP's model runs with ``attn_impl="sdpa"``: on CPU the native band kernel,
-on CUDA segment-batched SDPA with a static (m, 2m) mask), ``ecp_flash`` (the CPU fallback: two
-flash-attention calls merged by log-sum-exp), ``ecp_flex`` (CUDA: compiled FlexAttention with the
-mask predicate, block mask built once per shape, as ``attn_impl="auto"``), ``window`` (CPU:
-sliding-window attention over w keys, the native band kernel with rule (1, 0, w − 1)) and
-``causal`` (full causal SDPA, the baseline).
+Kernels: ``ecp`` (ECP's fastest kernel without FlexAttention: on CPU ``attn_impl="native"``, the
+band kernel; on CUDA ``"mask"``, segment-batched SDPA with a static (m, 2m) mask), ``ecp_flash``
+(``"flash"``, the CPU fallback: two flash-attention calls merged by log-sum-exp), ``ecp_flex``
+(CUDA: compiled FlexAttention with the mask predicate, block mask built once per shape, what
+``attn_impl="auto"`` runs there), ``window`` (CPU: sliding-window attention over w keys, the
+native band kernel with rule (1, 0, w − 1)), ``window_flex`` (CUDA: FlexAttention with the
+sliding-window predicate) and ``causal`` (full causal SDPA, the baseline).
 
 Each kernel's time ratio to causal SDPA is also divided by its own ratio of unmasked (query, key)
 entries ("÷ entries"): 1 means it is as fast per needed entry as causal SDPA. The window w
@@ -47,10 +48,11 @@ import torch.nn.functional as F
 
 from ecp_lm.models.attention import native
 from ecp_lm.models.attention.kernels import flex_attention_from_mask, segment_pair_attention
-from ecp_lm.models.attention.masks import SegmentPairMask
+from ecp_lm.models.attention.masks import SegmentPairMask, SlidingWindowMask
 from ecp_lm.models.rows import Rows
 
-DEFAULT_KERNELS = {"cpu": ("ecp", "ecp_flash", "window"), "cuda": ("ecp", "ecp_flex")}
+DEFAULT_KERNELS = {"cpu": ("ecp", "ecp_flash", "window"),
+                   "cuda": ("ecp", "ecp_flex", "window_flex")}
 
 
 def _kernel(name: str, segment_len: int, window: int):
@@ -68,6 +70,10 @@ def _kernel(name: str, segment_len: int, window: int):
             raise RuntimeError("the window kernel needs the native band kernel, which is "
                                "unavailable here")
         return lambda q, k, v: native.band_attention(q, k, v, (1, 0, window - 1))
+    if name == "window_flex":
+        window_mask = SlidingWindowMask(window)
+        return lambda q, k, v: flex_attention_from_mask(q, k, v, window_mask,
+                                                        Rows.span(0, q.size(-2)))
     if name == "causal":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     raise ValueError(f"unknown kernel {name!r}")
@@ -120,7 +126,7 @@ def score_entries(name: str, seq_len: int, m: int, window: int = 1) -> int:
     """Unmasked (query, key) pairs per head: the work an exact kernel cannot avoid."""
     if name == "causal":
         return seq_len * (seq_len + 1) // 2
-    if name == "window":
+    if name.startswith("window"):
         w = min(window, seq_len)
         return seq_len * w - w * (w - 1) // 2
     segments = -(-seq_len // m)
@@ -178,8 +184,10 @@ def summarise(results: list[dict], args: argparse.Namespace) -> list[dict]:
 def print_table(rows: list[dict], kernels: list[str]) -> None:
     cols = [("N", "seq_len", 0), ("causal ms", "causal_ms", 1),
             ("entries ratio", "entries_ratio", 3)]
-    if "window" in kernels:
-        cols += [("w", "window", 0), ("window entries ratio", "window_entries_ratio", 3)]
+    window_kernel = next((k for k in kernels if k.startswith("window")), None)
+    if window_kernel:
+        cols += [("w", "window", 0),
+                 ("window entries ratio", f"{window_kernel}_entries_ratio", 3)]
     for name in kernels:
         cols += [(f"{name} ms", f"{name}_ms", 1), (f"{name} ÷ entries", f"{name}_over_entries", 2),
                  (f"{name} MiB", f"{name}_peak_mib", 1)]

@@ -1,20 +1,22 @@
 """Autoregressive sampling: greedy, temperature, top-k and top-p (nucleus), seeded.
 
-Without a cache, each new token is predicted from the context the architecture can use exactly:
+Without a cache, each new token is predicted from the context the architecture can use exactly
+(its ``context_start``):
 - ``ecp``: the tokens from the start of segment max(0, s - L) on, where s is the segment of the
   last position (whose output predicts the next token); segments stay aligned to position 0,
   and no earlier token can reach that position through L layers (SPEC §3), so the result
-  equals a forward over everything;
+  equals a forward over everything; the local baselines likewise read their receptive field,
+  rounded down to where their pattern repeats;
 - every other architecture: the last N tokens (a sliding window once the sequence is longer than
   the training window; the perceiver family right-aligns shorter contexts, SPEC §4).
 
-With a cache (``use_cache=True``, ecp and transformer) the prompt is prefilled once and each
-token then costs one decode step against the per-layer KV caches (models/cache.py), kept in the
-dtype the model computes in (its parameters', or autocast's when generating under
-``torch.autocast``). ECP's cache holds at most 2m positions, so it generates without limit in
-constant memory and time per token, exactly at any position (rotary angles are reduced exactly,
-models/rope.py). The transformer's cache covers its window N; past N it slides the window as
-above.
+With a cache (``use_cache=True``; every architecture with a ``cache_capacity``) the prompt is
+prefilled once and each token then costs one decode step against the per-layer KV caches
+(models/cache.py), kept in the dtype the model computes in (its parameters', or autocast's when
+generating under ``torch.autocast``). ECP's cache holds at most 2m positions (sliding_window's w,
+block_local's b, s2's G), so it generates without limit in constant memory and time per token,
+exactly at any position (rotary angles are reduced exactly, models/rope.py). The transformer's
+cache covers its window N; past N it slides the window as above.
 """
 
 from __future__ import annotations
@@ -118,8 +120,9 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int,
     """prompt (B, T) -> (B, T + n) tokens, n <= max_new_tokens (fewer when every row has
     produced ``eos_id``); with ``return_logits`` also the step logits (B, n, V).
 
-    ``use_cache``: ecp and transformer decode one token at a time from per-layer KV caches
-    (ECP's holds at most 2m positions); the others recompute their window each step."""
+    ``use_cache``: architectures with a KV cache (ecp, the local baselines, transformer) decode one
+    token at a time from per-layer caches (ECP's holds at most 2m positions); the perceiver
+    family recomputes its window each step."""
     was_training = model.training
     model.eval()
     steps = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,

@@ -1,4 +1,5 @@
-"""The study: all six architectures under one protocol, ECP ablations and the recall probe.
+"""The study: the research's six architectures under one protocol, ECP ablations and the recall
+probe.
 
     python -m ecp_lm.experiments.study --budget tiny|small --out DIR
 

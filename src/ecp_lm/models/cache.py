@@ -13,6 +13,8 @@ parameters' dtype, or the autocast dtype when generation runs under ``torch.auto
 - ecp: capacity 2m. The next position p (segment s = p // m) sees segment s - 1 and its own
   segment up to p, at most 2m positions, and those are exactly the last 2m written; older slots
   are overwritten. Memory and work per token stay O(L·2m·d) however long the generation runs.
+- sliding_window, block_local, s2: rings of w, b and G slots, for the same reason (the
+  architecture's ``cache_capacity``: the most positions any of its queries sees).
 """
 
 from __future__ import annotations

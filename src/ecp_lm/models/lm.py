@@ -1,6 +1,6 @@
 """The shared skeleton: token embedding -> L blocks -> final norm -> head (SPEC §2, §5).
 
-One ``LanguageModel`` class serves all six architectures; the ``Architecture`` object decides
+One ``LanguageModel`` class serves every architecture; the ``Architecture`` object decides
 which rows each layer keeps and queries, which keys each query sees, and what is predicted.
 """
 
@@ -51,9 +51,10 @@ class LanguageModel(nn.Module):
     def hidden_states(self, tokens: Tensor, caches: list[KVCache] | None = None,
                       start_pos: int = 0) -> Tensor:
         """tokens (B, T) int64 at positions ``start_pos`` .. -> final-normed hidden states of the
-        predicted positions, (B, P, d) (P as in ``forward``). With ``caches`` (ecp, transformer)
-        their keys/values go into the caches (see ``prefill``); a decode step into filled caches
-        may continue at any position, a window only where ``check_start_pos`` allows."""
+        predicted positions, (B, P, d) (P as in ``forward``). With ``caches`` (architectures
+        with a cache) their keys/values go into the caches (see ``prefill``); a decode step into
+        filled caches may continue at any position, a window only where ``check_start_pos``
+        allows."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
                              f"{tuple(tokens.shape)} dtype {tokens.dtype}")
@@ -82,8 +83,8 @@ class LanguageModel(nn.Module):
                              f"got min {lo} max {hi}")
 
     def forward(self, tokens: Tensor, start_pos: int = 0) -> Tensor:
-        """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = T for ecp and
-        transformer and min(latent_len, T) for the perceiver family; or (B, num_classes) with a
+        """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = min(latent_len, T)
+        for the perceiver family and T for every other architecture; or (B, num_classes) with a
         classification head (over the mean hidden state of the predicted positions).
 
         ``start_pos``: the absolute position of the first token, where the architecture allows
@@ -94,7 +95,7 @@ class LanguageModel(nn.Module):
             return self.head(hidden.mean(dim=1))
         return self.head(hidden)
 
-    # Incremental decoding (ecp, transformer) ---------------------------------------------------
+    # Incremental decoding (architectures with a cache_capacity) --------------------------------
     def compute_dtype(self, device_type: str) -> torch.dtype:
         """The dtype activations come out in: autocast's where it is on, else the parameters'."""
         if torch.is_autocast_enabled(device_type):
@@ -159,5 +160,5 @@ def next_token_loss(logits: Tensor, tokens: Tensor, reduction: str = "mean") -> 
 
 
 def build_model(cfg: ModelConfig) -> LanguageModel:
-    """The model for ``cfg`` (all six architectures share ``LanguageModel``)."""
+    """The model for ``cfg`` (every architecture shares ``LanguageModel``)."""
     return LanguageModel(cfg)

@@ -1,9 +1,9 @@
 """Which absolute positions the rows of a layer's hidden state hold.
 
 Every architecture keeps its rows in position order: first a run of history rows (positions < h,
-used by the perceiver family; empty for ecp and transformer), then a contiguous main run. The
-layout is plain Python data, so kernels can slice by it without reading tensors back from the
-device, and it is hashable, so FlexAttention block masks can be cached by it.
+used by the perceiver family; empty for every other architecture), then a contiguous main run.
+The layout is plain Python data, so kernels can slice by it without reading tensors back from
+the device, and it is hashable, so FlexAttention block masks can be cached by it.
 """
 
 from __future__ import annotations
