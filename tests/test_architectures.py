@@ -188,13 +188,16 @@ def test_every_kernel_of_every_architecture_equals_the_reference(arch, native_ke
     """float64, forward and gradients: each named kernel against the dense masked reference."""
     ref = sharp_model(arch, attn_impl="reference").double()
     tokens = random_tokens(2, 33 if ref.arch.max_len is None else 29)
-    ref.loss(tokens).backward()
+    expected = ref.loss(tokens)
+    expected.backward()
     kernels = archs.architecture(arch).kernels
     assert kernels, arch
     for kernel in kernels:
         fast = sharp_model(arch, attn_impl=kernel).double()
         fast.load_state_dict(ref.state_dict())
-        fast.loss(tokens).backward()
+        loss = fast.loss(tokens)
+        loss.backward()
+        torch.testing.assert_close(loss, expected, atol=1e-12, rtol=0, msg=f"{arch} {kernel}")
         for (name, a), b in zip(fast.named_parameters(), ref.parameters(), strict=True):
             torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-8,
                                        msg=f"{arch} {kernel} {name}")

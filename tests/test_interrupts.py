@@ -189,13 +189,25 @@ def assert_one_line_or_done(results, hint=""):
 def test_ctrl_c_during_data_prepare(tmp_path):
     corpus = tmp_path / "corpus.txt"
     corpus.write_bytes(b"a long line of text for the token cache to hold\n" * 400_000)  # 20 MB
-    out = tmp_path / "cache"
-    delays = random_instants(2, [None] * 6)
-    results = ctrl_c_at(["data", "prepare", "text", "--path", corpus, "--out", out,
-                         "--tokenizer", "bpe", "--vocab-size", "300"], [d for _, d in delays])
+
+    def command(out):
+        return ["data", "prepare", "text", "--path", corpus, "--out", out, "--tokenizer", "bpe",
+                "--vocab-size", "300"]
+
+    # Interrupts within the time an uninterrupted build takes on this machine, each into its own
+    # folder (a finished cache would make every later run return at once).
+    start = time.monotonic()
+    subprocess.run([sys.executable, "-m", "ecp_lm", *map(str, command(tmp_path / "timed"))],
+                   check=True, capture_output=True)
+    took = time.monotonic() - start
+    rng = random.Random(2)
+    results, outs = [], [tmp_path / f"cache{i}" for i in range(6)]
+    for out in outs:
+        results += ctrl_c_at(command(out), [rng.uniform(0.05, 0.8 * took)])
     assert_one_line_or_done(results, "run the same command again")
-    if not (out / "manifest.json").exists():  # no attempt finished: nothing half-built is kept
-        assert not out.exists()
+    for out, (code, _) in zip(outs, results, strict=True):
+        if code == 130:  # interrupted: nothing half-built is kept
+            assert not out.exists() or (out / "manifest.json").exists()
 
 
 def test_ctrl_c_during_eval(tmp_path):

@@ -67,6 +67,9 @@ class Architecture:
     mask: Mask
     kernels: ClassVar[tuple[str, ...]] = ()
     """This architecture's own fast kernels, fastest first (besides ``reference`` and ``flex``)."""
+    flex_on_cuda: ClassVar[bool] = False
+    """Whether ``auto`` prefers FlexAttention (the predicate, compiled) on CUDA when there is no
+    dropout, before the architecture's own kernels."""
     size_fields: ClassVar[tuple[str, ...]] = ()
     """The ModelConfig fields that size this pattern (shown by ``ecp complexity``)."""
 
@@ -156,7 +159,7 @@ class Architecture:
         """The kernel that runs a call: ``impl`` itself, or for ``auto`` the first of this
         architecture's kernels that can. ValueError if an explicit choice cannot run it."""
         if impl == "auto":
-            if q.is_cuda and "flex" in self.auto_on_cuda and dropout_p == 0.0:
+            if q.is_cuda and self.flex_on_cuda and dropout_p == 0.0:
                 return "flex"
             for kernel in self.kernels:
                 if self.kernel_problem(kernel, q, dropout_p, needs_backward) is None:
@@ -166,10 +169,6 @@ class Architecture:
         if problem is not None:
             raise ValueError(f"attn_impl={impl!r} cannot run this call: {problem}")
         return impl
-
-    auto_on_cuda: ClassVar[tuple[str, ...]] = ()
-    """Kernels ``auto`` prefers on CUDA before the architecture's own (``flex``: the predicate
-    compiled by FlexAttention)."""
 
     def kernel_problem(self, kernel: str, q: Tensor, dropout_p: float,
                        needs_backward: bool) -> str | None:
@@ -239,7 +238,7 @@ class BandArchitecture(Architecture):
     - on CPU the native band kernel runs them.
     """
 
-    auto_on_cuda = ("flex",)
+    flex_on_cuda = True
 
     def band_rules(self) -> list[tuple[slice, BandRule]]:
         """(heads, rule) pairs covering every head."""
