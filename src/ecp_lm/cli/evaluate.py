@@ -1,4 +1,5 @@
-"""``ecp eval``: score a checkpoint with the SPEC §6 protocol."""
+"""``ecp eval``: score a checkpoint with the SPEC §6 protocol, or measure its loss against
+position in the window (``--per-position``)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="window stride k (default min(N/2, latent_len), the same for every "
                              "architecture at the same N): targets from index N-k+1 on are "
                              "scored once, each with at least N-k tokens of context")
+    parser.add_argument("--seq-len", type=int, metavar="T",
+                        help="score with windows of T tokens instead of the run's N (longer "
+                             "than N only for architectures that accept any length: ecp and "
+                             "the local baselines); the default stride becomes "
+                             "min(T/2, latent_len)")
+    parser.add_argument("--per-position", nargs="?", const="", metavar="FILE.json",
+                        help="instead of the SPEC 6 score, the mean loss at each position of "
+                             "non-overlapping windows of N (or --seq-len) tokens, each run from "
+                             "position 0, in buckets of powers of two and of segments of m; "
+                             "prints a table (or the JSON with --json) and, given a FILE, also "
+                             "writes the JSON report there (for `ecp plot`)")
     parser.add_argument("--batch-size", type=int, default=16,
                         help="windows per batch (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, metavar="N",
@@ -46,9 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from ecp_lm.evaluate import evaluate_checkpoint
 
+    if args.per_position is not None:
+        return run_per_position(args)
     report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
                                  args.device, args.max_tokens, args.data_path,
-                                 progress=not args.quiet, precision=args.precision)
+                                 progress=not args.quiet, precision=args.precision,
+                                 seq_len=args.seq_len)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -60,6 +75,50 @@ def run(args: argparse.Namespace) -> int:
             print(f"  {key:<14} {value:,}" if isinstance(value, int) else
                   f"  {key:<14} {value:.6g}")
     return 0
+
+
+def run_per_position(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ecp_lm.evaluate import per_position_checkpoint
+    from ecp_lm.fsutil import write_bytes_atomic
+
+    if args.stride is not None:
+        raise ValueError("--stride does not apply to --per-position, whose windows do not "
+                         "overlap")
+    report = per_position_checkpoint(args.ckpt, args.split, args.seq_len, args.batch_size,
+                                     args.device, args.max_tokens, args.data_path,
+                                     progress=not args.quiet, precision=args.precision)
+    text = json.dumps(report, indent=2)
+    if args.per_position:
+        write_bytes_atomic(Path(args.per_position), (text + "\n").encode())
+    if args.json:
+        print(text)
+        return 0
+    unit = "bits/byte" if report["tokenizer"] == "bytes" else "bits/token"
+    print(f"{report['arch']} {report['checkpoint']} step {report['step']} on {args.split} "
+          f"({report['precision']}): loss against position in {report['windows']:,} windows of "
+          f"{report['window']}")
+    print(f"  all positions: loss {report['loss']:.4f}  {unit} {report['bits_per_token']:.4f}  "
+          f"({report['tokens_scored']:,} tokens)")
+    for kind, title in (("pow2", "powers of two"),
+                        ("segments", f"segments of m={report['segment_len']}")):
+        if kind in report["buckets"]:
+            print(f"\n  {title}")
+            print_buckets(report["buckets"][kind], unit)
+    if args.per_position:
+        print(f"\nwrote {args.per_position}")
+    return 0
+
+
+def print_buckets(buckets: list[dict], unit: str) -> None:
+    """One line per bucket: its positions [start, stop), how many, the mean loss (nats/token)
+    and in bits, and the tokens it averages."""
+    print(f"    {'bucket':>14}  {'positions':>9}  {'loss':>8}  {unit:>10}  {'tokens':>10}")
+    for b in buckets:
+        span = f"[{b['start']}, {b['stop']})"
+        print(f"    {span:>14}  {b['stop'] - b['start']:>9,}  {b['loss']:>8.4f}  "
+              f"{b['bits_per_token']:>10.4f}  {b['count']:>10,}")
 
 
 COMMAND = Command("score a checkpoint: loss, perplexity, bits per byte (or accuracy)",

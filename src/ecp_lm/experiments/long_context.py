@@ -1,0 +1,290 @@
+"""Study II, long context: does ECP use context beyond two segments, and does it beat the
+same-cost alternatives?
+
+    python -m ecp_lm.experiments.long_context --budget tiny|small --out DIR
+
+On the long-document corpus ``sympy-code`` (bytes), at N >= 2048 for the small budget, six
+architectures of the same size (the same parameter count): ecp; sliding_window with the same
+unmasked score entries; block_local (ECP's one-layer reach without the overlap); s2; the full
+transformer; perceiver_ar. Two comparisons:
+
+- **the same training tokens**: every architecture trains for the same steps on the same windows
+  (two seeds for ecp, sliding_window and transformer);
+- **the same training time on this machine**: each architecture trains for the time ECP's
+  same-token run took, i.e. for ``steps × (its tokens/s ÷ ECP's tokens/s)`` steps, with the
+  throughputs measured in the same-token runs (ECP's own same-time run is its same-token run).
+
+Every run keeps the checkpoint with the best validation loss (``best/``), which is scored once on
+the test split: bits per byte under the SPEC §6 protocol, and the loss against position in
+non-overlapping windows of N (``per_position.json``; the field's check of context use: a model
+that uses context keeps improving with position, one that cannot see past a point flattens
+there). Architectures that accept any length are also scored at windows of 2N and 4N.
+
+The **sensitivity check** comes first in ``results.md``: an experiment can only say whether ECP
+uses long context if the full transformer does. It compares the transformer's mean loss over
+positions [2m, N) with its mean over [m, 2m) (the last positions that ECP's first layer covers),
+per seed; only if the far loss is clearly lower (by ``SENSITIVE_NATS``, in every seed) are the
+other architectures compared on that curve.
+
+Each entry writes ``DIR/<entry>/result.json`` when it completes, so an interrupted study resumes
+where it stopped (training itself resumes from its last checkpoint); ``results.json``,
+``results.md`` and the plots are rewritten at the end. The multi-query associative recall stage
+(``mqar.py``) runs into ``DIR/mqar``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.checkpoint import read_checkpoint
+from ecp_lm.complexity import attention_cost
+from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
+from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.models.archs import architecture
+from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
+from ecp_lm.runconfig import RunConfig
+from ecp_lm.train import train_or_resume
+
+ARCHS = ("ecp", "sliding_window", "block_local", "s2", "transformer", "perceiver_ar")
+"""Study II's architectures; the first is the reference of the same-time comparison."""
+FULL_ATTENTION = "transformer"
+"""The model whose loss against position says whether the experiment can see long context."""
+SENSITIVE_NATS = 0.02
+"""How much lower (nats per byte) the transformer's loss over [2m, N) must be than over [m, 2m)
+in every seed for the experiment to count as able to see long context."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    model: dict[str, Any]
+    train: dict[str, Any]
+    test_max_tokens: int | None
+    longer: tuple[int, ...]
+    """Window multiples of N at which architectures without a length limit are also scored."""
+    mqar: str | None
+    """The budget of the recall stage (None: skipped)."""
+    seeds: dict[str, int] = field(default_factory=lambda: {"ecp": 2, "sliding_window": 2,
+                                                           "transformer": 2})
+
+
+BUDGETS = {
+    "tiny": Budget(
+        model=dict(d_model=32, n_layers=2, n_heads=2, seq_len=128, num_segments=4),
+        train=dict(steps=4, batch_size=2, warmup_steps=1, eval_every=2, checkpoint_every=2,
+                   log_every=1, eval_max_tokens=2048),
+        test_max_tokens=4096, longer=(2,), mqar="tiny"),
+    "small": Budget(
+        model=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
+        train=dict(steps=600, batch_size=4, lr=2e-3, warmup_steps=60, eval_every=150,
+                   checkpoint_every=150, log_every=25, eval_max_tokens=262144),
+        test_max_tokens=None, longer=(2, 4), mqar="small"),
+}
+
+
+def entries(budget: Budget) -> list[dict[str, Any]]:
+    """Every language-model run, in order: the same-token runs, then the same-time runs."""
+    out = [{"name": f"tokens/{arch}/seed{seed}", "compare": "tokens", "arch": arch,
+            "seed": seed} for arch in ARCHS for seed in range(budget.seeds.get(arch, 1))]
+    out += [{"name": f"time/{arch}", "compare": "time", "arch": arch, "seed": 0}
+            for arch in ARCHS[1:]]
+    return out
+
+
+def run_config(budget: Budget, arch: str, seed: int, steps: int | None = None) -> RunConfig:
+    train = {**budget.train, "seed": seed}
+    if steps is not None:  # the same schedule, stretched to the step count
+        scale = steps / budget.train["steps"]
+        for key in ("warmup_steps", "eval_every", "checkpoint_every"):
+            train[key] = max(1, round(budget.train[key] * scale))
+        train["steps"] = steps
+    return RunConfig.from_dict({
+        "model": {"vocab_size": 256, **budget.model, "arch": arch},
+        "data": {"source": "sympy-code", "tokenizer": "bytes"},
+        "train": train})
+
+
+def train_tokens_per_s(run: Path) -> float:
+    """The median training throughput logged by the run (validation excluded)."""
+    return statistics.median(r["tokens_per_s"] for r in read_metrics(run)["train"])
+
+
+def same_time_steps(budget: Budget, out: Path, arch: str) -> int:
+    """Steps that take ``arch`` as long as the reference's same-token run, from the throughputs
+    both measured in their same-token runs."""
+    ratio = (train_tokens_per_s(out / f"tokens/{arch}/seed0")
+             / train_tokens_per_s(out / f"tokens/{ARCHS[0]}/seed0"))
+    return max(1, round(budget.train["steps"] * ratio))
+
+
+def near_far(report: dict[str, Any]) -> dict[str, float | None]:
+    """Mean loss over positions [m, 2m) and over [2m, N) of a per-position report."""
+    m = report["segment_len"]
+    values = report["per_position"]
+
+    def mean(start: int, stop: int) -> float | None:
+        scored = [v for v in values[start:stop] if v is not None]
+        return statistics.fmean(scored) if scored else None
+
+    near, far = mean(m, 2 * m), mean(2 * m, len(values))
+    return {"near_loss": near, "far_loss": far,
+            "far_minus_near": None if near is None or far is None else far - near}
+
+
+def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
+              ) -> dict[str, Any]:
+    run = out / entry["name"]
+    steps = same_time_steps(budget, out, entry["arch"]) if entry["compare"] == "time" else None
+    cfg = run_config(budget, entry["arch"], entry["seed"], steps)
+    seconds = train_or_resume(cfg, run, progress)
+    best = run / "best"
+    report = evaluate_checkpoint(best, "test", max_tokens=budget.test_max_tokens,
+                                 progress=progress)
+    positions = per_position_checkpoint(best, "test", max_tokens=budget.test_max_tokens,
+                                        progress=progress)
+    _write_json(run / "per_position.json", positions)
+    result = {**entry, "steps": cfg.train.steps, "params": report["params"],
+              "best_step": report["step"], "bits_per_byte": report["bits_per_byte"],
+              "test_loss": report["loss"], "tokens_scored": report["tokens_scored"],
+              "train_tokens": read_checkpoint(run / "latest").meta["tokens_seen"],
+              "train_tokens_per_s": train_tokens_per_s(run), "train_wall_s": seconds,
+              "attention_ratio_to_full": attention_cost(cfg.model).ratio_to_full,
+              **near_far(positions), "longer": {}}
+    if architecture(cfg.model.arch)(cfg.model).max_len is None:
+        for k in budget.longer:
+            longer = per_position_checkpoint(best, "test", seq_len=k * cfg.model.seq_len,
+                                             max_tokens=budget.test_max_tokens,
+                                             progress=progress)
+            _write_json(run / f"per_position_{k}N.json", longer)
+            result["longer"][f"{k}N"] = {"loss": longer["loss"], **near_far(longer)}
+    return result
+
+
+def _write_json(path: Path, data: Any) -> None:
+    write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[str, Any]:
+    budget, out = BUDGETS[budget_name], Path(out)
+    results = []
+    for entry in entries(budget):
+        path = out / entry["name"] / "result.json"
+        if path.exists():
+            results.append(json.loads(path.read_text()))
+            continue
+        if progress:
+            print(f"== {entry['name']}", flush=True)
+        result = run_entry(budget, entry, out, progress)
+        _write_json(path, result)
+        results.append(result)
+    recall = None
+    if budget.mqar is not None:
+        from ecp_lm.experiments import mqar
+
+        recall = mqar.run(budget.mqar, out / "mqar", progress=progress)
+    summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
+               "sensitivity": sensitivity(results), "runs": results}
+    _write_json(out / "results.json", summary)
+    write_bytes_atomic(out / "results.md", markdown(summary, recall).encode())
+    seed0 = [r for r in results if r["seed"] == 0]
+    for compare in ("tokens", "time"):
+        files = [out / r["name"] / "per_position.json" for r in seed0 if r["compare"] == compare
+                 or (compare == "time" and r["name"] == f"tokens/{ARCHS[0]}/seed0")]
+        plot_per_position(files, out / f"per_position_{compare}.png",
+                          title=f"sympy-code test split, loss against position "
+                                f"(same training {compare})")
+    plot_runs([out / r["name"] for r in seed0 if r["compare"] == "tokens"],
+              out / "learning_curves.png", title=f"sympy-code (bytes), budget {budget_name}")
+    return summary
+
+
+def sensitivity(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the transformer's loss over [2m, N) is clearly below its loss over [m, 2m)."""
+    runs = [r for r in results if r["compare"] == "tokens" and r["arch"] == FULL_ATTENTION]
+    gaps = [r["far_minus_near"] for r in runs if r["far_minus_near"] is not None]
+    return {"far_minus_near": gaps, "threshold": -SENSITIVE_NATS,
+            "sensitive": bool(gaps) and all(g < -SENSITIVE_NATS for g in gaps)}
+
+
+def _fmt(value: float | None, spec: str = ".4f") -> str:
+    return "-" if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else format(value, spec)
+
+
+def _mean_spread(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.4f}"
+    return f"{statistics.mean(values):.4f} ± {(max(values) - min(values)) / 2:.4f}"
+
+
+def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> str:
+    results, sens = summary["runs"], summary["sensitivity"]
+    model = summary["model"]
+    n, m = model["seq_len"], model["seq_len"] // model["num_segments"]
+    lines = [f"# Study II: long context (budget `{summary['budget']}`)", "",
+             f"sympy-code test split, bytes; N = {n}, m = {m} (2m = {2 * m}), "
+             f"d_model {model['d_model']}, {model['n_layers']} layers.", "",
+             "## Sensitivity: does the full transformer use context beyond 2m?", "",
+             "Transformer mean loss (nats/byte) over positions [2m, N) minus over [m, 2m), per "
+             f"seed: {', '.join(f'{g:+.4f}' for g in sens['far_minus_near']) or '-'} "
+             f"(must be below {sens['threshold']:+.2f} in every seed). "
+             + ("**Sensitive**: the comparison below can show long-context use."
+                if sens["sensitive"] else
+                "**Not sensitive**: this run cannot show long-context use; the recall task "
+                "carries the verdict."), ""]
+    for compare, title in (("tokens", "Same training tokens"), ("time", "Same training time")):
+        lines += [f"## {title}", "",
+                  "| arch | seeds | steps | train tokens | test bits/byte | loss [m,2m) | "
+                  "loss [2m,N) | far − near | train tok/s | attention / full |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for arch in ARCHS:
+            runs = [r for r in results if r["arch"] == arch and (
+                r["compare"] == compare or (compare == "time" and arch == ARCHS[0]
+                                            and r["compare"] == "tokens" and r["seed"] == 0))]
+            if not runs:
+                continue
+            lines.append(
+                f"| {arch} | {len(runs)} | {runs[0]['steps']} | {runs[0]['train_tokens']:,} | "
+                f"{_mean_spread([r['bits_per_byte'] for r in runs])} | "
+                f"{_fmt(statistics.fmean(r['near_loss'] for r in runs))} | "
+                f"{_fmt(statistics.fmean(r['far_loss'] for r in runs))} | "
+                f"{_fmt(statistics.fmean(r['far_minus_near'] for r in runs), '+.4f')} | "
+                f"{statistics.fmean(r['train_tokens_per_s'] for r in runs):,.0f} | "
+                f"{runs[0]['attention_ratio_to_full']:.3f} |")
+        lines.append("")
+    lines += ["## Windows longer than training (same-token runs, seed 0)", "",
+              "| arch | window | test loss (nats/byte) | loss [2m,N') − [m,2m) |",
+              "|---|---|---|---|"]
+    for r in results:
+        if r["compare"] == "tokens" and r["seed"] == 0:
+            lines.append(f"| {r['arch']} | N | {r['test_loss']:.4f} | "
+                         f"{_fmt(r['far_minus_near'], '+.4f')} |")
+            for key, longer in r["longer"].items():
+                lines.append(f"| {r['arch']} | {key} | {longer['loss']:.4f} | "
+                             f"{_fmt(longer['far_minus_near'], '+.4f')} |")
+    if recall is not None:
+        lines += ["", "## Multi-query associative recall", "",
+                  "See [mqar/results.md](mqar/results.md)."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", choices=tuple(BUDGETS), default="small",
+                        help="tiny: a minute, exercises every code path (CI); small: N = 2048, "
+                             "at most 2 hours on a 2-core CPU")
+    parser.add_argument("--out", default="runs/long_context", help="study folder (resumable)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    summary = run_study(args.budget, args.out, progress=not args.quiet)
+    print(markdown(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
