@@ -75,6 +75,8 @@ class Budget:
     """Window multiples of N at which architectures without a length limit are also scored."""
     mqar: str | None
     """The budget of the recall stage (None: skipped)."""
+    scaling: tuple[int, ...] = ()
+    """Steps at which the budget-scaling run of the full transformer is scored (``--scaling``)."""
     seeds: dict[str, int] = field(default_factory=lambda: {"ecp": 2, "sliding_window": 2,
                                                            "transformer": 2})
 
@@ -84,12 +86,12 @@ BUDGETS = {
         model=dict(d_model=32, n_layers=2, n_heads=2, seq_len=128, num_segments=4),
         train=dict(steps=4, batch_size=2, warmup_steps=1, eval_every=2, checkpoint_every=2,
                    log_every=1, eval_max_tokens=2048),
-        test_max_tokens=4096, longer=(2,), mqar="tiny"),
+        test_max_tokens=4096, longer=(2,), mqar="tiny", scaling=(2, 4)),
     "small": Budget(
         model=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
         train=dict(steps=600, batch_size=4, lr=2e-3, warmup_steps=60, eval_every=150,
                    checkpoint_every=150, log_every=25, eval_max_tokens=262144),
-        test_max_tokens=None, longer=(2, 4), mqar="small"),
+        test_max_tokens=None, longer=(2, 4), mqar="small", scaling=(300, 600, 1200, 2400)),
 }
 
 
@@ -207,6 +209,40 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[
     return summary
 
 
+def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
+    """How the sensitivity check changes with the training budget: the full transformer trained
+    at a constant learning rate after warm-up (so that stopping at any step is the same run as
+    continuing it), its loss against position on the validation split measured at each of
+    ``budget.scaling`` steps. Each point is kept in ``DIR/scaling/step<k>.json``; the training
+    resumes from its last checkpoint."""
+    budget, out = BUDGETS[budget_name], Path(out) / "scaling"
+    points = []
+    for steps in budget.scaling:
+        path = out / f"step{steps}.json"
+        if not path.exists():
+            cfg = run_config(budget, FULL_ATTENTION, 0)
+            cfg.train.steps, cfg.train.schedule, cfg.train.halve_every = steps, "halving", 0
+            cfg.train.checkpoint_every = cfg.train.eval_every = min(budget.scaling)
+            train_or_resume(cfg, out / "run", progress)
+            report = per_position_checkpoint(out / "run" / "latest", "valid",
+                                             max_tokens=budget.train["eval_max_tokens"],
+                                             progress=progress)
+            _write_json(path, {**report, "run": f"{steps} steps", "steps": steps,
+                               "train_tokens": steps * cfg.train.batch_size * cfg.model.seq_len,
+                               **near_far(report)})
+        point = json.loads(path.read_text())
+        keep = ("steps", "train_tokens", "loss", "near_loss", "far_loss", "far_minus_near")
+        points.append({k: point[k] for k in keep})
+        if progress:
+            print(f"scaling: step {steps}: far - near {point['far_minus_near']:+.4f} nats "
+                  f"(valid loss {point['loss']:.4f})", flush=True)
+    _write_json(out / "scaling.json", points)
+    plot_per_position(sorted(out.glob("step*.json"), key=lambda p: int(p.stem[4:])),
+                      out / "scaling.png", title="transformer, loss against position by "
+                                                 "training steps (valid split)")
+    return points
+
+
 def run_recall(budget_name: str, out: Path, progress: bool) -> list[dict[str, Any]]:
     """The multi-query associative recall stage, on the thread count its budget asks for (its
     models are small: one thread does not fight the other for the cores)."""
@@ -304,7 +340,21 @@ def main(argv: list[str] | None = None) -> int:
                              "at most 2 hours on a 2-core CPU")
     parser.add_argument("--out", default="runs/long_context", help="study folder (resumable)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the budget-scaling run of the sensitivity check: the full "
+                             "transformer at a constant learning rate, its loss against position "
+                             "measured at several step counts (DIR/scaling)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (default: torch's, one per core); 1 lets the "
+                             "scaling run share a 2-core machine with the recall stage")
     args = parser.parse_args(argv)
+    if args.threads is not None:
+        if args.threads < 1:
+            parser.error(f"--threads {args.threads} must be positive")
+        torch.set_num_threads(args.threads)
+    if args.scaling:
+        run_scaling(args.budget, args.out, progress=not args.quiet)
+        return 0
     summary = run_study(args.budget, args.out, progress=not args.quiet)
     print(markdown(summary))
     return 0
