@@ -6,7 +6,14 @@ import json
 import pytest
 from test_integration import fetched
 
-from ecp_lm.experiments.long_context import ARCHS, BUDGETS, REFERENCE, entries, run_study
+from ecp_lm.experiments.long_context import (
+    ARCHS,
+    BUDGETS,
+    REFERENCE,
+    entries,
+    run_scaling,
+    run_study,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -17,7 +24,12 @@ def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
 
     fetched(lambda: open_source("sympy-code"))
     out = tmp_path / "study"
+    points = run_scaling("tiny", out, progress=False)
+    assert [p["steps"] for p in points] == list(BUDGETS["tiny"].scaling)
+    assert (out / "scaling" / "scaling.png").exists()
     summary = run_study("tiny", out, progress=False)
+    assert summary["scaling"] == points and "Against the training budget" in (
+        out / "results.md").read_text()
     runs = summary["runs"]
     assert [r["name"] for r in runs] == [e["name"] for e in entries(BUDGETS["tiny"])]
     assert {r["arch"] for r in runs} == set(ARCHS)

@@ -193,8 +193,11 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[
     recall = None
     if budget.mqar is not None:
         recall = run_recall(budget.mqar, out / "mqar", progress)
+    scaling = out / "scaling" / "scaling.json"
     summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
-               "sensitivity": sensitivity(results), "runs": results}
+               "sensitivity": sensitivity(results),
+               "scaling": json.loads(scaling.read_text()) if scaling.exists() else None,
+               "runs": results}
     _write_json(out / "results.json", summary)
     write_bytes_atomic(out / "results.md", markdown(summary, recall).encode())
     seed0 = [r for r in results if r["seed"] == 0]
@@ -297,6 +300,16 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                 if sens["sensitive"] else
                 "**Not sensitive**: this run cannot show long-context use; the recall task "
                 "carries the verdict."), ""]
+    if summary.get("scaling"):
+        lines += ["Against the training budget (`--scaling`: the transformer at a constant "
+                  "learning rate, validation split):", "",
+                  "| steps | training tokens | valid loss | loss [m,2m) | loss [2m,N) | "
+                  "far − near |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {p['steps']} | {p['train_tokens']:,} | {p['loss']:.4f} | "
+                  f"{_fmt(p['near_loss'])} | {_fmt(p['far_loss'])} | "
+                  f"{_fmt(p['far_minus_near'], '+.4f')} |" for p in summary["scaling"]]
+        lines.append("")
     for compare, title in (("tokens", "Same training tokens"), ("time", "Same training time")):
         lines += [f"## {title}", "",
                   "| arch | seeds | steps | train tokens | test bits/byte | loss [m,2m) | "
