@@ -55,6 +55,14 @@ def block_costs(n: int, first: int, block: int) -> tuple[int, int]:
     return sum(triangle(r) for r in sizes), sum(r * r for r in sizes)
 
 
+def whole_segments(length: int, segment_len: int, name: str = "seq_len=") -> int:
+    """How many segments of ``segment_len`` make up ``length`` (ValueError unless exactly):
+    the S with which ``ecp bench`` sizes an architecture; ``name`` labels the length."""
+    if length % segment_len:
+        raise ValueError(f"{name}{length} is not divisible by segment_len={segment_len}")
+    return max(1, length // segment_len)
+
+
 def band_start(rule: BandRule, t: int) -> int:
     """lo(t) of ``rule``: the first key position query position ``t`` sees."""
     period, shift, back = rule
@@ -298,4 +306,52 @@ class BandArchitecture(Architecture):
     def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
                         kernel: str) -> Tensor:
         """The kernels other than ``native``."""
+        raise NotImplementedError
+
+
+class SegmentedBand(BandArchitecture):
+    """A band pattern built on segments (or groups) of m = N / S aligned to position 0, which
+    repeats every m positions: N must be a multiple of S (ecp, s2)."""
+
+    size_fields = ("num_segments",)
+
+    @classmethod
+    def configure(cls, cfg: ModelConfig) -> None:
+        super().configure(cfg)
+        if cfg.seq_len % cfg.num_segments:
+            raise ValueError(
+                f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
+
+    @classmethod
+    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
+        return {"num_segments": whole_segments(seq_len, segment_len)}
+
+    @property
+    def period(self) -> int:
+        return self.segment_len
+
+    def period_text(self) -> str:
+        return (f"segment_len={self.period} (arch={self.cfg.arch!r} aligns its segments to "
+                "position 0)")
+
+
+class WindowedBand(BandArchitecture):
+    """A band pattern sized by ``window`` (sliding_window, block_local), whose default is set from
+    ECP's segments of m = N / S (``default_window``)."""
+
+    size_fields = ("window",)
+
+    @classmethod
+    def configure(cls, cfg: ModelConfig) -> None:
+        super().configure(cfg)
+        if cfg.window is None:
+            if cfg.seq_len % cfg.num_segments:
+                raise ValueError(f"the default window of arch={cfg.arch!r} is set from segments "
+                                 f"of seq_len/num_segments, but seq_len={cfg.seq_len} is not "
+                                 f"divisible by num_segments={cfg.num_segments}; set window")
+            cfg.window = cls.default_window(cfg.seq_len, cfg.num_segments)
+
+    @classmethod
+    def default_window(cls, seq_len: int, num_segments: int) -> int:
+        """The window when the config sets none (N divisible by S)."""
         raise NotImplementedError

@@ -12,28 +12,21 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import BandArchitecture, BandRule, block_costs
+from ecp_lm.models.archs.base import BandRule, WindowedBand, block_costs
 from ecp_lm.models.attention.kernels import block_causal_attention
 from ecp_lm.models.attention.masks import BlockLocalMask
 
 
-class BlockLocal(BandArchitecture):
+class BlockLocal(WindowedBand):
     kernels = ("native", "flash")
-    size_fields = ("window",)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.mask = BlockLocalMask(cfg.window)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
-        if cfg.window is None:
-            if cfg.seq_len % cfg.num_segments:
-                raise ValueError(f"the default block is 2·seq_len/num_segments, but "
-                                 f"seq_len={cfg.seq_len} is not divisible by "
-                                 f"num_segments={cfg.num_segments}; set window")
-            cfg.window = 2 * cfg.segment_len
+    def default_window(cls, seq_len: int, num_segments: int) -> int:
+        return 2 * (seq_len // num_segments)  # ECP's one-layer reach, 2m
 
     @classmethod
     def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:

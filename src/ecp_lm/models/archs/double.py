@@ -11,7 +11,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import PerceiverFamily, triangle
+from ecp_lm.models.archs.base import PerceiverFamily, triangle, whole_segments
 from ecp_lm.models.attention.kernels import double_attention
 from ecp_lm.models.attention.masks import DoubleMask
 from ecp_lm.models.rows import Rows
@@ -67,11 +67,8 @@ class SSplit(Double):
 
     @classmethod
     def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        history = seq_len // 2  # the default latent length N/2
-        if history % segment_len:
-            raise ValueError(f"history length {history} is not divisible by "
-                             f"segment_len={segment_len}")
-        return {"num_segments": max(1, history // segment_len)}
+        # The history of the default latent length N/2.
+        return {"num_segments": whole_segments(seq_len // 2, segment_len, "history length ")}
 
     def history_entries(self, c: int) -> int:
         return c * c // self.cfg.num_segments  # S blocks of (h/S)²

@@ -14,38 +14,17 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import BandArchitecture, BandRule, triangle
+from ecp_lm.models.archs.base import BandRule, SegmentedBand, triangle
 from ecp_lm.models.attention.kernels import segment_pair_attention
 from ecp_lm.models.attention.masks import SegmentPairMask
 
 
-class ECP(BandArchitecture):
+class ECP(SegmentedBand):
     kernels = ("native", "flash", "mask")
-    size_fields = ("num_segments",)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.mask = SegmentPairMask(cfg.segment_len)
-
-    @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
-        if cfg.seq_len % cfg.num_segments:
-            raise ValueError(
-                f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        if seq_len % segment_len:
-            raise ValueError(f"seq_len={seq_len} is not divisible by segment_len={segment_len}")
-        return super().bench_sizes(seq_len, segment_len)
-
-    @property
-    def period(self) -> int:
-        return self.segment_len
-
-    def period_text(self) -> str:
-        return f"segment_len={self.period} (ecp segments are aligned to position 0)"
 
     def band_rules(self) -> list[tuple[slice, BandRule]]:
         m = self.segment_len

@@ -12,14 +12,13 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import BandArchitecture, BandRule, block_costs
+from ecp_lm.models.archs.base import BandRule, SegmentedBand, block_costs
 from ecp_lm.models.attention.kernels import block_causal_attention
 from ecp_lm.models.attention.masks import ShiftedGroupMask
 
 
-class ShiftedSparse(BandArchitecture):
+class ShiftedSparse(SegmentedBand):
     kernels = ("native", "flash")
-    size_fields = ("num_segments",)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
@@ -28,28 +27,12 @@ class ShiftedSparse(BandArchitecture):
     @classmethod
     def configure(cls, cfg: ModelConfig) -> None:
         super().configure(cfg)
-        if cfg.seq_len % cfg.num_segments:
-            raise ValueError(
-                f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
         if cfg.segment_len % 2:
             raise ValueError(f"s2 shifts its groups by half a group, but the group "
                              f"seq_len/num_segments={cfg.segment_len} is odd")
         if cfg.n_heads % 2:
             raise ValueError(f"s2 shifts the groups of half of the heads, but "
                              f"n_heads={cfg.n_heads} is odd")
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        if seq_len % segment_len:
-            raise ValueError(f"seq_len={seq_len} is not divisible by segment_len={segment_len}")
-        return super().bench_sizes(seq_len, segment_len)
-
-    @property
-    def period(self) -> int:
-        return self.segment_len
-
-    def period_text(self) -> str:
-        return f"segment_len={self.period} (s2's groups are aligned to position 0)"
 
     def band_rules(self) -> list[tuple[slice, BandRule]]:
         g, half = self.segment_len, self.cfg.n_heads // 2

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.archs.base import BandArchitecture, BandRule, triangle
+from ecp_lm.models.archs.base import BandRule, WindowedBand, triangle, whole_segments
 from ecp_lm.models.attention.kernels import paired_blocks_attention
 from ecp_lm.models.attention.masks import SlidingWindowMask
 
@@ -51,29 +51,20 @@ def _pair_mask(w: int, device: torch.device) -> Tensor:
     return (col > row) & (col <= row + w)
 
 
-class SlidingWindow(BandArchitecture):
+class SlidingWindow(WindowedBand):
     kernels = ("native", "mask")
-    size_fields = ("window",)
 
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.mask = SlidingWindowMask(cfg.window)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
-        if cfg.window is None:
-            if cfg.seq_len % cfg.num_segments:
-                raise ValueError(f"the default window matches ECP's cost with segments of "
-                                 f"seq_len/num_segments, but seq_len={cfg.seq_len} is not "
-                                 f"divisible by num_segments={cfg.num_segments}; set window")
-            cfg.window = equal_cost_window(cfg.seq_len, cfg.num_segments)
+    def default_window(cls, seq_len: int, num_segments: int) -> int:
+        return equal_cost_window(seq_len, num_segments)  # ECP's cost
 
     @classmethod
     def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        if seq_len % segment_len:
-            raise ValueError(f"seq_len={seq_len} is not divisible by segment_len={segment_len}")
-        return {"window": equal_cost_window(seq_len, seq_len // segment_len)}
+        return {"window": equal_cost_window(seq_len, whole_segments(seq_len, segment_len))}
 
     @property
     def period(self) -> int:
