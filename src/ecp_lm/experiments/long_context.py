@@ -50,6 +50,7 @@ import torch
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
 from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
+from ecp_lm.experiments.study import resume_entries, write_json
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.models.archs import architecture
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
@@ -148,15 +149,17 @@ def near_far(report: dict[str, Any]) -> dict[str, float | None]:
 
 
 def context_gain(path: Path, split: str, model: dict[str, Any], max_tokens: int | None,
-                 progress: bool) -> dict[str, float]:
+                 progress: bool, full: dict[str, Any] | None = None) -> dict[str, float]:
     """What the context beyond 2m is worth, on the same targets: the SPEC §6 score with windows
     of N (every target seen with N/2 to N tokens of context) against windows of 2m (m to 2m
     tokens), in bits per byte. Both score the split's targets from about position N on, so the
     difference is the model's own use of the longer context, free of the position effects a
-    comparison across positions in a window mixes in."""
+    comparison across positions in a window mixes in. ``full``: the score at N, where the caller
+    has it already."""
     n = model["seq_len"]
     short = 2 * n // model["num_segments"]
-    full = evaluate_checkpoint(path, split, max_tokens=max_tokens, progress=progress)
+    if full is None:
+        full = evaluate_checkpoint(path, split, max_tokens=max_tokens, progress=progress)
     cut = evaluate_checkpoint(path, split, seq_len=short, stride=short // 2,
                               max_tokens=max_tokens, progress=progress)
     return {"bits_at_n": full["bits_per_byte"], "bits_at_2m": cut["bits_per_byte"],
@@ -174,9 +177,9 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
                                  progress=progress)
     positions = per_position_checkpoint(best, "test", max_tokens=budget.test_max_tokens,
                                         progress=progress)
-    gain = context_gain(best, "test", budget.model, budget.test_max_tokens, progress)
+    gain = context_gain(best, "test", budget.model, budget.test_max_tokens, progress, report)
     tokens = read_checkpoint(run / "latest").meta["tokens_seen"]
-    _write_json(run / "per_position.json", positions)
+    write_json(run / "per_position.json", positions)
     result = {**entry, "steps": cfg.train.steps, "params": report["params"],
               "best_step": report["step"], "bits_per_byte": report["bits_per_byte"],
               "test_loss": report["loss"], "tokens_scored": report["tokens_scored"],
@@ -190,28 +193,15 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
             longer = per_position_checkpoint(best, "test", seq_len=k * cfg.model.seq_len,
                                              max_tokens=budget.test_max_tokens,
                                              progress=progress)
-            _write_json(run / f"per_position_{k}N.json", longer)
+            write_json(run / f"per_position_{k}N.json", longer)
             result["longer"][f"{k}N"] = {"loss": longer["loss"], **near_far(longer)}
     return result
 
 
-def _write_json(path: Path, data: Any) -> None:
-    write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
-
-
 def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[str, Any]:
     budget, out = BUDGETS[budget_name], Path(out)
-    results = []
-    for entry in entries(budget):
-        path = out / entry["name"] / "result.json"
-        if path.exists():
-            results.append(json.loads(path.read_text()))
-            continue
-        if progress:
-            print(f"== {entry['name']}", flush=True)
-        result = run_entry(budget, entry, out, progress)
-        _write_json(path, result)
-        results.append(result)
+    results = resume_entries(entries(budget), out,
+                             lambda entry: run_entry(budget, entry, out, progress), progress)
     recall = None
     if budget.mqar is not None:
         recall = run_recall(budget.mqar, out / "mqar", progress)
@@ -220,7 +210,7 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[
                "sensitivity": sensitivity(results),
                "scaling": json.loads(scaling.read_text()) if scaling.exists() else None,
                "runs": results}
-    _write_json(out / "results.json", summary)
+    write_json(out / "results.json", summary)
     write_bytes_atomic(out / "results.md", markdown(summary, recall).encode())
     seed0 = [r for r in results if r["seed"] == 0]
     for compare in ("tokens", "time"):
@@ -253,7 +243,7 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> lis
             report = per_position_checkpoint(latest, "valid", max_tokens=limit,
                                              progress=progress)
             gain = context_gain(latest, "valid", budget.model, limit, progress)
-            _write_json(path, {**report, "run": f"{steps} steps", "steps": steps,
+            write_json(path, {**report, "run": f"{steps} steps", "steps": steps,
                                "train_tokens": steps * cfg.train.batch_size * cfg.model.seq_len,
                                **near_far(report), **gain})
         point = json.loads(path.read_text())
@@ -264,7 +254,7 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> lis
             print(f"scaling: step {steps}: far - near {point['far_minus_near']:+.4f} nats, "
                   f"context gain {_fmt(point.get('context_gain_bits'), '+.4f')} bits "
                   f"(valid loss {point['loss']:.4f})", flush=True)
-    _write_json(out / "scaling.json", points)
+    write_json(out / "scaling.json", points)
     plot_per_position(sorted(out.glob("step*.json"), key=lambda p: int(p.stem[4:])),
                       out / "scaling.png", title="transformer, loss against position by "
                                                  "training steps (valid split)")

@@ -642,20 +642,16 @@ def markdown(budget: Budget, budget_name: str, results: list[dict[str, Any]]) ->
         for r in results:
             lines.append(f"| {r['arch']} | {r['n_layers']} | "
                          + " | ".join(f"{p['accuracy']:.3f}" for p in r["curve"]) + " |")
-    lines += ["", "## Segment probe: linear read-out of a single pair's value", "",
-              "Rows: layer (0 = embedding). Columns: segments after the value's segment, "
-              "read at each segment's last position. Held-out accuracy; chance "
-              f"{spec.chance:.3f}.", ""]
-    for r in results:
-        lines += _grid_table(f"{r['arch']}, L = {r['n_layers']}", r["segment_probe"]["offsets"],
-                             r["segment_probe"]["accuracy"])
-    lines += ["## Query probe: linear read-out of the answer at the query position", "",
-              "Rows: layer (0 = embedding). Columns: segment offset from the value to the "
-              "query. "
-              f"Held-out accuracy; chance {spec.chance:.3f}.", ""]
-    for r in results:
-        lines += _grid_table(f"{r['arch']}, L = {r['n_layers']}", r["query_probe"]["offsets"],
-                             r["query_probe"]["accuracy"])
+    probes = (("segment_probe", "\n## Segment probe: linear read-out of a single pair's value",
+               "segments after the value's segment, read at each segment's last position"),
+              ("query_probe", "## Query probe: linear read-out of the answer at the query "
+               "position", "segment offset from the value to the query"))
+    for key, title, columns in probes:
+        lines += [title, "", f"Rows: layer (0 = embedding). Columns: {columns}. Held-out "
+                  f"accuracy; chance {spec.chance:.3f}.", ""]
+        for r in results:
+            lines += _grid_table(f"{r['arch']}, L = {r['n_layers']}", r[key]["offsets"],
+                                 r[key]["accuracy"])
     return "\n".join(lines) + "\n"
 
 

@@ -16,6 +16,7 @@ import argparse
 import json
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ecp_lm.complexity import attention_cost
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate import evaluate_checkpoint
 from ecp_lm.experiments.probe import RecallSpec, train_probe
+from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
 from ecp_lm.train import train_or_resume
@@ -168,20 +170,33 @@ def run_entry(budget: Budget, entry: dict, out: Path, progress: bool) -> dict[st
             "train_wall_s": seconds}
 
 
-def run_study(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
-    budget, out = BUDGETS[budget_name], Path(out)
+def write_json(path: Path, data: Any) -> None:
+    """``data`` as indented JSON, written atomically."""
+    write_bytes_atomic(path, (json.dumps(data, indent=2) + "\n").encode())
+
+
+def resume_entries(todo: list[dict], out: Path, run: Callable[[dict], dict],
+                   progress: bool) -> list[dict]:
+    """The result of each entry, in order: read back from ``out/<name>/result.json`` where an
+    earlier invocation finished it, else ``run(entry)``, written there when it completes."""
     results = []
-    for entry in entries(budget):
+    for entry in todo:
         path = out / entry["name"] / "result.json"
         if path.exists():
             results.append(json.loads(path.read_text()))
             continue
         if progress:
             print(f"== {entry['name']}", flush=True)
-        result = run_entry(budget, entry, out, progress)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=2) + "\n")
+        result = run(entry)
+        write_json(path, result)
         results.append(result)
+    return results
+
+
+def run_study(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
+    budget, out = BUDGETS[budget_name], Path(out)
+    results = resume_entries(entries(budget), out,
+                             lambda entry: run_entry(budget, entry, out, progress), progress)
     (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     (out / "results.md").write_text(markdown(results, budget_name))
     plot_runs([out / r["name"] for r in results if r["name"].startswith("lm/")
