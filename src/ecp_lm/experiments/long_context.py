@@ -39,9 +39,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Iterable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -211,13 +214,94 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
     return result
 
 
-def run_study(budget_name: str, out: str | Path, progress: bool = True) -> dict[str, Any]:
-    budget, out = BUDGETS[budget_name], Path(out)
-    results = resume_entries(entries(budget), out,
-                             lambda entry: run_entry(budget, entry, out, progress), progress)
+def entry_needs(entry: dict[str, Any]) -> tuple[str, ...]:
+    """The entries whose results an entry needs before it can start: a same-time run needs the
+    same-token throughputs of its architecture and of the reference."""
+    if entry["compare"] != "time":
+        return ()
+    return f"tokens/{entry['arch']}/seed0", f"tokens/{REFERENCE}/seed0"
+
+
+def _entry_job(budget_name: str, entry: dict[str, Any], out: str, threads: int
+               ) -> dict[str, Any]:
+    torch.set_num_threads(threads)
+    return run_entry(BUDGETS[budget_name], entry, Path(out), progress=False)
+
+
+def _recall_job(budget_name: str, out: str, threads: int) -> list[dict[str, Any]]:
+    from ecp_lm.experiments import mqar
+
+    torch.set_num_threads(threads)
+    return mqar.run_experiment(budget_name, out, progress=False)
+
+
+def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
+                 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
+    """The entries and the recall stage, ``jobs`` at a time in worker processes of ``threads``
+    torch threads each; an entry starts once the entries it needs (``entry_needs``) are done.
+    Each finished entry's result is written as it completes, so the study resumes as the
+    sequential one does."""
+    todo, done = entries(BUDGETS[budget]), {}
+    for entry in todo:
+        path = out / entry["name"] / "result.json"
+        if path.exists():
+            done[entry["name"]] = json.loads(path.read_text())
+    pending = [entry for entry in todo if entry["name"] not in done]
     recall = None
-    if budget.mqar is not None:
-        recall = run_recall(budget.mqar, out / "mqar", progress)
+    start = time.perf_counter()
+
+    def note(text: str) -> None:
+        if progress:
+            print(f"[{(time.perf_counter() - start) / 60:6.1f} min] {text}", flush=True)
+
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        running: dict[Future, dict[str, Any] | None] = {}
+        if BUDGETS[budget].mqar is not None:
+            running[pool.submit(_recall_job, BUDGETS[budget].mqar, str(out / "mqar"),
+                                threads)] = None
+            note("started the recall stage")
+        while pending or running:
+            for entry in [e for e in pending if all(n in done for n in entry_needs(e))]:
+                pending.remove(entry)
+                running[pool.submit(_entry_job, budget, entry, str(out), threads)] = entry
+                note(f"queued {entry['name']}")
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                entry = running.pop(future)
+                if entry is None:
+                    recall = future.result()
+                    note("finished the recall stage")
+                    continue
+                result = future.result()
+                write_json(out / entry["name"] / "result.json", result)
+                done[entry["name"]] = result
+                note(f"finished {entry['name']}: {result['bits_per_byte']:.4f} bits/byte, "
+                     f"{result['wall_s'] / 60:.1f} min")
+    return [done[entry["name"]] for entry in todo], recall
+
+
+def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: int = 1,
+              threads: int | None = None) -> dict[str, Any]:
+    """Every entry and the recall stage, one after another (``jobs=1``) or ``jobs`` at a time
+    (``run_parallel``, each on ``threads`` torch threads, by default the cores shared out), then
+    the summary, ``results.md`` and the plots."""
+    budget, out = BUDGETS[budget_name], Path(out)
+    if jobs > 1:
+        threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+        results, recall = run_parallel(budget_name, out, jobs, threads, progress)
+    else:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads or before)
+        try:
+            results = resume_entries(entries(budget), out,
+                                     lambda entry: run_entry(budget, entry, out, progress),
+                                     progress)
+        finally:
+            torch.set_num_threads(before)
+        recall = None
+        if budget.mqar is not None:
+            recall = run_recall(budget.mqar, out / "mqar", progress)
     scaling = out / "scaling" / "scaling.json"
     summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
                "sensitivity": sensitivity(results),
@@ -396,18 +480,25 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the budget-scaling run of the sensitivity check: the full "
                              "transformer at a constant learning rate, its loss against position "
                              "measured at several step counts (DIR/scaling)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in its own process (default 1); with 2 on a "
+                             "2-core CPU two one-thread runs share the cores, which trains "
+                             "these small models faster than one two-thread run, and the "
+                             "recall stage runs beside the language models")
     parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads (default: torch's, one per core); 1 lets the "
-                             "scaling run share a 2-core machine with the recall stage")
+                        help="torch CPU threads per run (default: the cores divided by --jobs)")
     args = parser.parse_args(argv)
+    for name in ("jobs", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} must be positive")
     if args.threads is not None:
-        if args.threads < 1:
-            parser.error(f"--threads {args.threads} must be positive")
         torch.set_num_threads(args.threads)
     if args.scaling:
         run_scaling(args.budget, args.out, progress=not args.quiet)
         return 0
-    summary = run_study(args.budget, args.out, progress=not args.quiet)
+    summary = run_study(args.budget, args.out, progress=not args.quiet, jobs=args.jobs,
+                        threads=args.threads)
     print(markdown(summary))
     return 0
 
