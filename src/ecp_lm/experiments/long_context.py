@@ -11,8 +11,9 @@ transformer; perceiver_ar. Two comparisons:
 - **the same training tokens**: every architecture trains for the same steps on the same windows
   (two seeds for ecp, sliding_window and transformer);
 - **the same training time on this machine**: each architecture trains for the time ECP's
-  same-token run took, i.e. for ``steps × (its tokens/s ÷ ECP's tokens/s)`` steps, with the
-  throughputs measured in the same-token runs (ECP's own same-time run is its same-token run).
+  same-token run takes, i.e. for ``steps × (its tokens/s ÷ ECP's tokens/s)`` steps, with the
+  throughputs measured one after another in one process before any run starts
+  (``DIR/throughput.json``; ECP's own same-time run is its same-token run).
 
 Every run keeps the checkpoint with the best validation loss (``best/``), which is scored once on
 the test split: bits per byte under the SPEC §6 protocol, and the loss against position in
@@ -51,11 +52,13 @@ from typing import Any
 
 import torch
 
+from ecp_lm.bench import BenchSpec, time_steps
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
 from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
 from ecp_lm.experiments.study import resume_entries, write_json
 from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.models import build_model
 from ecp_lm.models.archs import architecture
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
@@ -133,12 +136,35 @@ def train_tokens_per_s(run: Path) -> float:
     return statistics.median(r["tokens_per_s"] for r in read_metrics(run)["train"])
 
 
+def measure_throughputs(budget: Budget, out: Path, progress: bool) -> dict[str, float]:
+    """Training tokens/s of every architecture at the budget's size, measured one after another
+    in this process on random windows (median of 5 steps after 2 untimed ones), before any run
+    starts: the same-time comparison's yardstick, free of what else ran beside each training
+    run. Kept in ``DIR/throughput.json`` so that a resumed study keeps it."""
+    path = out / "throughput.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=2, repeats=5)
+    speeds = {}
+    for arch in ARCHS:
+        cfg = run_config(budget, arch, 0).model
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
+        step = statistics.median(time_steps(model, optimizer, tokens, spec))
+        speeds[arch] = spec.batch_size * cfg.seq_len / step
+        if progress:
+            print(f"throughput: {arch} {speeds[arch]:,.0f} tokens/s", flush=True)
+    write_json(path, speeds)
+    return speeds
+
+
 def same_time_steps(budget: Budget, out: Path, arch: str) -> int:
-    """Steps that take ``arch`` as long as the reference's same-token run, from the throughputs
-    both measured in their same-token runs."""
-    ratio = (train_tokens_per_s(out / f"tokens/{arch}/seed0")
-             / train_tokens_per_s(out / f"tokens/{REFERENCE}/seed0"))
-    return max(1, round(budget.train["steps"] * ratio))
+    """Steps that take ``arch`` as long as the reference's same-token run:
+    ``steps × (its tokens/s ÷ the reference's)``, from ``measure_throughputs``."""
+    speeds = json.loads((out / "throughput.json").read_text())
+    return max(1, round(budget.train["steps"] * speeds[arch] / speeds[REFERENCE]))
 
 
 def near_far(report: dict[str, Any]) -> dict[str, float | None]:
@@ -214,14 +240,6 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
     return result
 
 
-def entry_needs(entry: dict[str, Any]) -> tuple[str, ...]:
-    """The entries whose results an entry needs before it can start: a same-time run needs the
-    same-token throughputs of its architecture and of the reference."""
-    if entry["compare"] != "time":
-        return ()
-    return f"tokens/{entry['arch']}/seed0", f"tokens/{REFERENCE}/seed0"
-
-
 def _entry_job(budget_name: str, entry: dict[str, Any], out: str, threads: int
                ) -> dict[str, Any]:
     torch.set_num_threads(threads)
@@ -238,15 +256,13 @@ def _recall_job(budget_name: str, out: str, threads: int) -> list[dict[str, Any]
 def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The entries and the recall stage, ``jobs`` at a time in worker processes of ``threads``
-    torch threads each; an entry starts once the entries it needs (``entry_needs``) are done.
-    Each finished entry's result is written as it completes, so the study resumes as the
-    sequential one does."""
+    torch threads each, in order. Each finished entry's result is written as it completes, so
+    the study resumes as the sequential one does."""
     todo, done = entries(BUDGETS[budget]), {}
     for entry in todo:
         path = out / entry["name"] / "result.json"
         if path.exists():
             done[entry["name"]] = json.loads(path.read_text())
-    pending = [entry for entry in todo if entry["name"] not in done]
     recall = None
     start = time.perf_counter()
 
@@ -260,12 +276,11 @@ def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
         if BUDGETS[budget].mqar is not None:
             running[pool.submit(_recall_job, BUDGETS[budget].mqar, str(out / "mqar"),
                                 threads)] = None
-            note("started the recall stage")
-        while pending or running:
-            for entry in [e for e in pending if all(n in done for n in entry_needs(e))]:
-                pending.remove(entry)
+        for entry in todo:
+            if entry["name"] not in done:
                 running[pool.submit(_entry_job, budget, entry, str(out), threads)] = entry
-                note(f"queued {entry['name']}")
+        note(f"{len(running)} jobs queued, {jobs} at a time")
+        while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 entry = running.pop(future)
@@ -289,9 +304,15 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     budget, out = BUDGETS[budget_name], Path(out)
     if jobs > 1:
         threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        speeds = measure_throughputs(budget, out, progress)
+    finally:
+        torch.set_num_threads(before)
+    if jobs > 1:
         results, recall = run_parallel(budget_name, out, jobs, threads, progress)
     else:
-        before = torch.get_num_threads()
         torch.set_num_threads(threads or before)
         try:
             results = resume_entries(entries(budget), out,
@@ -306,6 +327,7 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
                "sensitivity": sensitivity(results),
                "scaling": json.loads(scaling.read_text()) if scaling.exists() else None,
+               "throughput": speeds,
                "wall_s": sum(r.get("wall_s", 0.0) for r in results)
                + sum(r.get("wall_s", 0.0) for r in recall or []),
                "runs": results}
@@ -435,7 +457,8 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
         lines += [f"## {title}", "",
                   "| arch | seeds | steps | train tokens | test bits/byte | bits/byte at 2m | "
                   "context gain (bits) | loss [m,2m) | loss [2m,N) | far − near | train tok/s "
-                  "| attention / full |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(measured; in the runs) | attention / full |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for arch in ARCHS:
             runs = [r for r in results if r["arch"] == arch and (
                 r["compare"] == compare or (compare == "time" and arch == REFERENCE
@@ -450,6 +473,7 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                 f"{_fmt(_mean(r['near_loss'] for r in runs))} | "
                 f"{_fmt(_mean(r['far_loss'] for r in runs))} | "
                 f"{_fmt(_mean(r['far_minus_near'] for r in runs), '+.4f')} | "
+                f"{summary['throughput'][arch]:,.0f}; "
                 f"{statistics.fmean(r['train_tokens_per_s'] for r in runs):,.0f} | "
                 f"{runs[0]['attention_ratio_to_full']:.3f} |")
         lines.append("")
