@@ -26,7 +26,10 @@ def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "study"
     points = run_scaling("tiny", out, progress=False)
     assert [p["steps"] for p in points] == list(BUDGETS["tiny"].scaling)
-    assert (out / "scaling" / "scaling.png").exists()
+    assert (out / "scaling" / "transformer" / "scaling.png").exists()
+    points += run_scaling("tiny", out, progress=False, arch="ecp")  # on the same curve
+    assert [p["arch"] for p in points] == ["transformer"] * 2 + ["ecp"] * 2
+    assert all(p["context_gain_bits"] is not None for p in points)
     summary = run_study("tiny", out, progress=False)
     assert summary["scaling"] == points and "Against the training budget" in (
         out / "results.md").read_text()

@@ -27,7 +27,10 @@ uses long context if the full transformer does. Its measure scores the same test
 2m, what ECP's first layer covers); only if the transformer's gain exceeds ``SENSITIVE_BITS`` in
 every seed are the other architectures compared on it. Beside it stands the per-position
 comparison of its mean loss over [2m, N) and over [m, 2m), which also moves with what the
-positions hold. ``--scaling`` measures both against the training budget.
+positions hold. ``--scaling [ARCH ...]`` measures both against the training budget, for the
+transformer first and then, on the same curve, for the architectures being compared: where the
+small budget is too small for the transformer to use long context, that is where the question
+can be asked.
 
 Each entry writes ``DIR/<entry>/result.json`` when it completes, so an interrupted study resumes
 where it stopped (training itself resumes from its last checkpoint); ``results.json``,
@@ -323,10 +326,8 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
         recall = None
         if budget.mqar is not None:
             recall = run_recall(budget.mqar, out / "mqar", progress)
-    scaling = out / "scaling" / "scaling.json"
     summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
-               "sensitivity": sensitivity(results),
-               "scaling": json.loads(scaling.read_text()) if scaling.exists() else None,
+               "sensitivity": sensitivity(results), "scaling": scaling_points(out),
                "throughput": speeds,
                "wall_s": sum(r.get("wall_s", 0.0) for r in results)
                + sum(r.get("wall_s", 0.0) for r in recall or []),
@@ -345,18 +346,20 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     return summary
 
 
-def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
-    """How the sensitivity check changes with the training budget: the full transformer trained
-    at a constant learning rate after warm-up (so that stopping at any step is the same run as
-    continuing it), its loss against position on the validation split measured at each of
-    ``budget.scaling`` steps. Each point is kept in ``DIR/scaling/step<k>.json``; the training
-    resumes from its last checkpoint."""
-    budget, out = BUDGETS[budget_name], Path(out) / "scaling"
+def run_scaling(budget_name: str, out: str | Path, progress: bool = True,
+                arch: str = FULL_ATTENTION) -> list[dict]:
+    """How the context questions change with the training budget: ``arch`` (first the full
+    transformer, whose gain says whether the experiment can see long context; then the others
+    on the same curve) trained at a constant learning rate after warm-up (so that stopping at
+    any step is the same run as continuing it), its loss against position and its context gain
+    on the validation split measured at each of ``budget.scaling`` steps. Each point is kept in
+    ``DIR/scaling/<arch>/step<k>.json``; the training resumes from its last checkpoint."""
+    budget, out = BUDGETS[budget_name], Path(out) / "scaling" / arch
     points = []
     for steps in budget.scaling:
         path = out / f"step{steps}.json"
         if not path.exists():
-            cfg = run_config(budget, FULL_ATTENTION, 0)
+            cfg = run_config(budget, arch, 0)
             cfg.train.steps, cfg.train.schedule, cfg.train.halve_every = steps, "halving", 0
             cfg.train.warmup_steps = budget.scaling_warmup
             cfg.train.checkpoint_every = cfg.train.eval_every = min(budget.scaling)
@@ -365,22 +368,29 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> lis
             report = per_position_checkpoint(latest, "valid", max_tokens=limit,
                                              progress=progress)
             gain = context_gain(latest, "valid", budget.model, limit, progress)
-            write_json(path, {**report, "run": f"{steps} steps", "steps": steps,
+            write_json(path, {**report, "run": f"{arch}, {steps} steps", "steps": steps,
                                "train_tokens": steps * cfg.train.batch_size * cfg.model.seq_len,
                                **near_far(report), **gain})
         point = json.loads(path.read_text())
         keep = ("steps", "train_tokens", "loss", "near_loss", "far_loss", "far_minus_near",
                 "context_gain_bits")
-        points.append({k: point.get(k) for k in keep})
+        points.append({"arch": arch, **{k: point.get(k) for k in keep}})
         if progress:
-            print(f"scaling: step {steps}: far - near {point['far_minus_near']:+.4f} nats, "
-                  f"context gain {_fmt(point.get('context_gain_bits'), '+.4f')} bits "
+            print(f"scaling: {arch} step {steps}: far - near {point['far_minus_near']:+.4f} "
+                  f"nats, context gain {_fmt(point.get('context_gain_bits'), '+.4f')} bits "
                   f"(valid loss {point['loss']:.4f})", flush=True)
     write_json(out / "scaling.json", points)
     plot_per_position(sorted(out.glob("step*.json"), key=lambda p: int(p.stem[4:])),
-                      out / "scaling.png", title="transformer, loss against position by "
-                                                 "training steps (valid split)")
+                      out / "scaling.png", title=f"{arch}, loss against position by training "
+                                                 "steps (valid split)")
     return points
+
+
+def scaling_points(out: Path) -> list[dict[str, Any]] | None:
+    """Every architecture's ``--scaling`` points found under ``DIR/scaling``, in ARCHS order."""
+    points = [p for arch in ARCHS if (out / "scaling" / arch / "scaling.json").exists()
+              for p in json.loads((out / "scaling" / arch / "scaling.json").read_text())]
+    return points or None
 
 
 def run_recall(budget_name: str, out: Path, progress: bool) -> list[dict[str, Any]]:
@@ -444,12 +454,12 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                 "**Not sensitive**: this run cannot show long-context use; the recall task "
                 "carries the verdict."), ""]
     if summary.get("scaling"):
-        lines += ["Against the training budget (`--scaling`: the transformer at a constant "
+        lines += ["Against the training budget (`--scaling`: each architecture at a constant "
                   "learning rate, validation split):", "",
-                  "| steps | training tokens | valid loss | context gain (bits) | loss [m,2m) | "
-                  "loss [2m,N) | far − near |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {p['steps']} | {p['train_tokens']:,} | {p['loss']:.4f} | "
-                  f"{_fmt(p.get('context_gain_bits'), '+.4f')} | "
+                  "| arch | steps | training tokens | valid loss | context gain (bits) | "
+                  "loss [m,2m) | loss [2m,N) | far − near |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {p.get('arch', FULL_ATTENTION)} | {p['steps']} | {p['train_tokens']:,} | "
+                  f"{p['loss']:.4f} | {_fmt(p.get('context_gain_bits'), '+.4f')} | "
                   f"{_fmt(p['near_loss'])} | {_fmt(p['far_loss'])} | "
                   f"{_fmt(p['far_minus_near'], '+.4f')} |" for p in summary["scaling"]]
         lines.append("")
@@ -500,10 +510,11 @@ def main(argv: list[str] | None = None) -> int:
                              "at most 2 hours on a 2-core CPU")
     parser.add_argument("--out", default="runs/long_context", help="study folder (resumable)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--scaling", action="store_true",
-                        help="only the budget-scaling run of the sensitivity check: the full "
-                             "transformer at a constant learning rate, its loss against position "
-                             "measured at several step counts (DIR/scaling)")
+    parser.add_argument("--scaling", nargs="*", choices=ARCHS, metavar="ARCH",
+                        help="only the budget-scaling runs: each ARCH (default: transformer, "
+                             "the sensitivity check) at a constant learning rate, its loss "
+                             "against position and context gain measured at several step "
+                             "counts (DIR/scaling/ARCH)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1); with 2 on a "
                              "2-core CPU two one-thread runs share the cores, which trains "
@@ -518,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} {value} must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.scaling:
-        run_scaling(args.budget, args.out, progress=not args.quiet)
+    if args.scaling is not None:
+        for arch in args.scaling or [FULL_ATTENTION]:
+            run_scaling(args.budget, args.out, progress=not args.quiet, arch=arch)
         return 0
     summary = run_study(args.budget, args.out, progress=not args.quiet, jobs=args.jobs,
                         threads=args.threads)
