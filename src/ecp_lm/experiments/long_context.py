@@ -517,9 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                              "counts (DIR/scaling/ARCH)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1); with 2 on a "
-                             "2-core CPU two one-thread runs share the cores, which trains "
-                             "these small models faster than one two-thread run, and the "
-                             "recall stage runs beside the language models")
+                             "2-core CPU two one-thread runs share the cores, and the recall "
+                             "stage runs beside the language models")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads per run (default: the cores divided by --jobs)")
     args = parser.parse_args(argv)
