@@ -52,6 +52,12 @@ class Block(nn.Module):
     def feed_forward(self, x: Tensor) -> Tensor:
         return x + self.dropout(self.ff(self.ff_norm(x)))
 
+    def decode(self, x: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+        """One token per batch row at positions ``pos`` (B,) against ``cache`` (see
+        ``Attention.decode``): (B, 1, d) -> (B, 1, d)."""
+        x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache))
+        return self.feed_forward(x)
+
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
                 ) -> tuple[Tensor, Rows]:
         x, rows = self.attend(x, rows, n_query, cache)

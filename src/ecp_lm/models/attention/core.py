@@ -64,6 +64,19 @@ class Attention(nn.Module):
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
 
+    def decode(self, x: Tensor, pos: Tensor, cache: KVCache) -> Tensor:
+        """One new row per batch row: x (B, 1, d) at absolute positions ``pos`` (B,) int64,
+        written into ``cache`` and attended against its whole ring. Fixed shapes, tensor
+        operations only: the step ``torch.compile`` turns into one graph."""
+        q = self._heads(self.q_proj(x))  # (B, H, 1, D)
+        k = self._heads(self.k_proj(x))
+        v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        if self.rope is not None:
+            q, k = self.rope(q, pos[:, None]), self.rope(k, pos[:, None])
+        cache.write(pos, k, v)
+        out = cached_attention(q, cache.k, cache.v, self.arch.mask, pos[:, None], cache.pos)
+        return self.out_proj(out.transpose(1, 2).reshape(x.size(0), 1, -1))
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
         dropout_p = self.dropout if self.training else 0.0
         needs_backward = torch.is_grad_enabled() and q.requires_grad
