@@ -167,7 +167,8 @@ def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperatur
             logits, caches = prefill(model, prompts)
             pos = torch.tensor([p.numel() for p in prompts], device=device)
         else:  # the last token, at each row's next position
-            logits = step(new[-1][:, None], pos, caches)
+            span = None if compile else caches[0].slots_in_use(ahead=1)
+            logits = step(new[-1][:, None], pos, caches, span)
             pos = pos + 1
             for cache in caches:
                 cache.advance()

@@ -42,13 +42,23 @@ class KVCache(nn.Module):
         # Host-side bookkeeping of the eager API (never read by a decode step): slots in use, and
         # the position the next write continues at, per row.
         self.filled = 0
+        self.origin: list[int] = [0] * batch_size
         self.next_pos: list[int] = [0] * batch_size
 
     def start_at(self, origin: int) -> None:
         """Let an empty cache hold a stream whose first position is ``origin``."""
         if self.filled:
             raise ValueError("start_at needs an empty cache")
+        self.origin = [origin] * len(self.origin)
         self.next_pos = [origin] * len(self.next_pos)
+
+    def slots_in_use(self, ahead: int = 0) -> int:
+        """How many leading slots hold every position written, and ``ahead`` more per row: an
+        eager decode step attends over only those (``decode_step(span=...)``); the whole ring
+        once it has wrapped, or for a stream that did not start at position 0."""
+        if any(self.origin):
+            return self.capacity
+        return min(self.capacity, max(self.next_pos) + ahead)
 
     def nbytes(self, used_only: bool = False) -> int:
         """Bytes of the key and value buffers (only the filled slots if ``used_only``)."""
@@ -96,5 +106,6 @@ class KVCache(nn.Module):
         out.v.copy_(torch.cat([c.v for c in caches]))
         out.pos.copy_(torch.cat([c.pos for c in caches]))
         out.filled = max(c.filled for c in caches)
+        out.origin = [p for c in caches for p in c.origin]
         out.next_pos = [p for c in caches for p in c.next_pos]
         return out

@@ -143,20 +143,23 @@ class LanguageModel(nn.Module):
             if positions.tolist() != expected:  # the eager API checks; decode_step does not
                 raise ValueError(f"decode_one_token at pos={positions.tolist()}, but the caches "
                                  f"continue at positions {expected}")
-        logits = self.decode_step(token, positions, caches)
+        logits = self.decode_step(token, positions, caches, caches[0].slots_in_use(ahead=1))
         for cache in caches:
             cache.advance()
         return logits
 
-    def decode_step(self, token: Tensor, pos: Tensor, caches: list[KVCache]) -> Tensor:
+    def decode_step(self, token: Tensor, pos: Tensor, caches: list[KVCache],
+                    span: int | None = None) -> Tensor:
         """The decode step itself: token (B, 1) at positions ``pos`` (B,) int64 -> logits
         (B, V). Tensor operations of fixed shape only, no host sync and no branch on the caches'
         state, so ``torch.compile(model.decode_step, fullgraph=True)`` is one graph for every
-        step (``generate(..., compile=True)``). It checks nothing: callers that take user input
-        go through ``decode_one_token``."""
+        step (``generate(..., compile=True)``). Eager callers may pass ``span``, the leading
+        cache slots in use after this step (``KVCache.slots_in_use``), to attend over only
+        those. It checks nothing: callers that take user input go through
+        ``decode_one_token``."""
         x = self.embed(token)
         for block, cache in zip(self.blocks, caches, strict=True):
-            x = block.decode(x, pos, cache)
+            x = block.decode(x, pos, cache, span)
         return self.head(self.norm(x))[:, -1]
 
     def loss(self, tokens: Tensor) -> Tensor:
