@@ -263,6 +263,122 @@ def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
+# Decoding modes: eager and compiled against the memory-bandwidth floor ----------------------------
+
+DECODE_WARMUP = 3
+"""Untimed decode steps before the timed ones (the first compiles)."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
+    """Bytes per second this machine moves copying a buffer far larger than its caches: each
+    byte is read once and written once, and both count (median of ``repeats`` copies)."""
+    src = torch.rand(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def decode_mode_configs(length: int, spec: BenchSpec) -> dict[str, ModelConfig]:
+    """ECP (segments of ``spec.segment_len``) and the transformer with a window of ``length``."""
+    size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
+                n_heads=spec.n_heads, seq_len=length)
+    return {"ecp": ModelConfig(arch="ecp", num_segments=length // spec.segment_len, **size),
+            "transformer": ModelConfig(arch="transformer", **size)}
+
+
+@torch.no_grad()
+def decode_mode_case(model, batch: int, compiled: bool, steps: int, bandwidth: float
+                     ) -> dict[str, Any]:
+    """Prefill half the window in each of ``batch`` rows, then time ``steps`` greedy decode steps
+    as ``generate`` runs them (``decode_step`` eager, with the slots in use, or compiled, over
+    the whole ring; three untimed steps first, the compilation among them). The floor is the
+    bytes a step must read, the parameters once and each row's cache slots in use, at the
+    measured ``bandwidth``."""
+    from ecp_lm.generation import compiled_decode_step
+
+    device = next(model.parameters()).device
+    length, warmup = model.cfg.seq_len, DECODE_WARMUP
+    prompt = torch.randint(0, 256, (batch, length // 2), device=device,
+                           generator=torch.Generator(device=device).manual_seed(batch))
+    caches = model.make_caches(batch, device)
+    token = model.prefill(prompt, caches)[:, -1].argmax(-1, keepdim=True)
+    pos = torch.full((batch,), length // 2, dtype=torch.long, device=device)
+    step = compiled_decode_step(model) if compiled else model.decode_step
+    times = []
+    for i in range(warmup + steps):
+        span = None if compiled else caches[0].slots_in_use(ahead=1)
+        _sync(device)
+        start = time.perf_counter()
+        token = step(token, pos, caches, span).argmax(-1, keepdim=True)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        pos = pos + 1
+        for cache in caches:
+            cache.advance()
+    seconds = statistics.median(times)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    cache_bytes = sum(c.nbytes(used_only=True) for c in caches)  # every row's
+    floor = (params + cache_bytes) / bandwidth
+    return {"arch": model.cfg.arch, "batch": batch, "mode": "compiled" if compiled else "eager",
+            "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
+            "param_bytes": params, "cache_bytes": cache_bytes, "floor_ms": 1e3 * floor,
+            "ratio_to_floor": seconds / floor}
+
+
+def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ...] = (1, 16),
+                     steps: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Eager and compiled decoding of ECP and the transformer at batch sizes ``batches``, with
+    the copy bandwidth measured in the same run and each case's bandwidth floor."""
+    if length // 2 + DECODE_WARMUP + steps > length:
+        raise ValueError(f"{DECODE_WARMUP + steps} decode steps after {length // 2} prompt "
+                         f"tokens pass the transformer's window {length}: use a longer "
+                         "--decode-window")
+    device = torch.device(spec.device)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for arch, cfg in decode_mode_configs(length, spec).items():
+        torch.manual_seed(0)
+        model = build_model(cfg).to(device).eval()
+        for batch in batches:
+            for compiled in (False, True):
+                if progress:
+                    print(f"  decode {arch:>11} batch {batch} "
+                          f"{'compiled' if compiled else 'eager'} ...", file=sys.stderr,
+                          flush=True)
+                rows.append(decode_mode_case(model, batch, compiled, steps, bandwidth))
+    return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "cases": rows}
+
+
+def format_decode_modes(report: dict[str, Any]) -> str:
+    lines = [f"decoding at window {report['length']}, copy bandwidth "
+             f"{report['copy_bandwidth_gb_s']:.1f} GB/s",
+             f"{'arch':>11} {'batch':>5} {'mode':>8} {'ms/step':>8} {'tokens/s':>9} "
+             f"{'floor ms':>8} {'÷ floor':>7}"]
+    for r in report["cases"]:
+        lines.append(f"{r['arch']:>11} {r['batch']:>5} {r['mode']:>8} {r['ms_per_step']:>8.3f} "
+                     f"{r['tokens_per_s']:>9,.0f} {r['floor_ms']:>8.3f} "
+                     f"{r['ratio_to_floor']:>7.2f}")
+    by = {(r["arch"], r["batch"], r["mode"]): r for r in report["cases"]}
+    for arch, batch, _ in list(by)[::2]:
+        eager, compiled = by[(arch, batch, "eager")], by[(arch, batch, "compiled")]
+        lines.append(f"{arch} batch {batch}: compiled ÷ eager tokens/s = "
+                     f"{compiled['tokens_per_s'] / eager['tokens_per_s']:.2f}")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":  # one case, called by run(): prints its JSON line
     arch_, seq_len_, spec_ = sys.argv[1], int(sys.argv[2]), BenchSpec(**json.loads(sys.argv[3]))
     print(json.dumps(run_case(arch_, seq_len_, spec_)))

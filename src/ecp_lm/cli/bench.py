@@ -37,9 +37,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="timed steps per case; the median is kept (default: 3)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
     parser.add_argument("--decode", action="store_true",
-                        help="also measure cached decoding (ECP vs transformer)")
+                        help="also measure cached decoding: ECP against the transformer at "
+                             "each of --decode-lengths, then eager and compiled decode steps at "
+                             "batch 1 and 16 at --decode-window, beside the memory-bandwidth "
+                             "floor (parameter and cache bytes read per step ÷ the copy "
+                             "bandwidth measured in the same run)")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="only the --decode measurements, no training steps")
     parser.add_argument("--decode-lengths", type=_ints, default=[512, 2048, 8192, 16384],
                         metavar="L,L,...", help="sequence lengths for --decode")
+    parser.add_argument("--decode-window", type=int, default=1024, metavar="N",
+                        help="the window N of the eager/compiled decoding comparison "
+                             "(default: 1024; a multiple of --segment-len)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write all results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="plot tokens/s and peak memory against N")
@@ -54,11 +63,18 @@ def run(args: argparse.Namespace) -> int:
     spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
                            args.batch_size, args.warmup, args.repeats, args.device)
     archs = parse_archs(args.archs)
-    for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
-        for arch in archs:
-            bench.model_config(arch, n, spec)
-    results = bench.run(archs, args.seq_lens, spec)
-    print(bench.format_table(results))
+    if args.decode_only:
+        args.decode = True
+    if args.decode and (args.decode_window <= 0 or args.decode_window % args.segment_len):
+        raise ValueError(f"--decode-window {args.decode_window} must be a positive multiple of "
+                         f"--segment-len {args.segment_len}")
+    if not args.decode_only:
+        for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
+            for arch in archs:
+                bench.model_config(arch, n, spec)
+    results = [] if args.decode_only else bench.run(archs, args.seq_lens, spec)
+    if results:
+        print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        "threads": torch.get_num_threads(), **vars(spec),
                        "kernels": {r["arch"]: r["kernel"] for r in results}},
@@ -66,10 +82,12 @@ def run(args: argparse.Namespace) -> int:
     if args.decode:
         report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
         print(bench.format_decode(report["decode"]))
+        report["decode_modes"] = bench.run_decode_modes(spec, args.decode_window)
+        print(bench.format_decode_modes(report["decode_modes"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
+    if args.plot and results:
         bench.plot(results, str(args.plot))
     return 0
 
