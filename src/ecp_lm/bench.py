@@ -60,7 +60,9 @@ def _pass_through(q, k, v, rows):
     return q + (k.sum() + v.sum()) * 0.0
 
 
-def _time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
+def time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
+    """Seconds of each of ``spec.repeats`` training steps on ``tokens``, after ``spec.warmup``
+    untimed ones."""
     def sync():
         if tokens.is_cuda:
             torch.cuda.synchronize()
@@ -92,12 +94,12 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16), \
             _kernels_run(model) as kernels:
-        times = _time_steps(model, optimizer, tokens, spec)
+        times = time_steps(model, optimizer, tokens, spec)
         peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
         for block in model.blocks:
             block.attn._attend = _pass_through
-        bare = _time_steps(model, optimizer, tokens, spec)
+        bare = time_steps(model, optimizer, tokens, spec)
     step, step_bare = statistics.median(times), statistics.median(bare)
     cost = attention_cost(cfg)
     return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),

@@ -26,7 +26,10 @@ def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
     out = tmp_path / "study"
     points = run_scaling("tiny", out, progress=False)
     assert [p["steps"] for p in points] == list(BUDGETS["tiny"].scaling)
-    assert (out / "scaling" / "scaling.png").exists()
+    assert (out / "scaling" / "transformer" / "scaling.png").exists()
+    points += run_scaling("tiny", out, progress=False, arch="ecp")  # on the same curve
+    assert [p["arch"] for p in points] == ["transformer"] * 2 + ["ecp"] * 2
+    assert all(p["context_gain_bits"] is not None for p in points)
     summary = run_study("tiny", out, progress=False)
     assert summary["scaling"] == points and "Against the training budget" in (
         out / "results.md").read_text()
@@ -37,7 +40,10 @@ def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
     same_tokens = [r for r in runs if r["compare"] == "tokens"]
     assert len({r["train_tokens"] for r in same_tokens}) == 1
     # Same time: steps scale with each architecture's throughput relative to the reference's.
-    speed = {r["arch"]: r["train_tokens_per_s"] for r in same_tokens if r["seed"] == 0}
+    # (the throughputs measured one after another before the runs, kept for a resumed study)
+    speed = json.loads((out / "throughput.json").read_text())
+    assert set(speed) == set(ARCHS) and min(speed.values()) > 0
+    assert summary["throughput"] == speed
     for r in runs:
         if r["compare"] == "time":
             expected = round(BUDGETS["tiny"].train["steps"] * speed[r["arch"]] / speed[REFERENCE])

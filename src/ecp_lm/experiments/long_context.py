@@ -11,8 +11,9 @@ transformer; perceiver_ar. Two comparisons:
 - **the same training tokens**: every architecture trains for the same steps on the same windows
   (two seeds for ecp, sliding_window and transformer);
 - **the same training time on this machine**: each architecture trains for the time ECP's
-  same-token run took, i.e. for ``steps × (its tokens/s ÷ ECP's tokens/s)`` steps, with the
-  throughputs measured in the same-token runs (ECP's own same-time run is its same-token run).
+  same-token run takes, i.e. for ``steps × (its tokens/s ÷ ECP's tokens/s)`` steps, with the
+  throughputs measured one after another in one process before any run starts
+  (``DIR/throughput.json``; ECP's own same-time run is its same-token run).
 
 Every run keeps the checkpoint with the best validation loss (``best/``), which is scored once on
 the test split: bits per byte under the SPEC §6 protocol, and the loss against position in
@@ -26,7 +27,10 @@ uses long context if the full transformer does. Its measure scores the same test
 2m, what ECP's first layer covers); only if the transformer's gain exceeds ``SENSITIVE_BITS`` in
 every seed are the other architectures compared on it. Beside it stands the per-position
 comparison of its mean loss over [2m, N) and over [m, 2m), which also moves with what the
-positions hold. ``--scaling`` measures both against the training budget.
+positions hold. ``--scaling [ARCH ...]`` measures both against the training budget, for the
+transformer first and then, on the same curve, for the architectures being compared: where the
+small budget is too small for the transformer to use long context, that is where the question
+can be asked.
 
 Each entry writes ``DIR/<entry>/result.json`` when it completes, so an interrupted study resumes
 where it stopped (training itself resumes from its last checkpoint); ``results.json``,
@@ -51,11 +55,13 @@ from typing import Any
 
 import torch
 
+from ecp_lm.bench import BenchSpec, time_steps
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
 from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
 from ecp_lm.experiments.study import resume_entries, write_json
 from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.models import build_model
 from ecp_lm.models.archs import architecture
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
@@ -133,12 +139,35 @@ def train_tokens_per_s(run: Path) -> float:
     return statistics.median(r["tokens_per_s"] for r in read_metrics(run)["train"])
 
 
+def measure_throughputs(budget: Budget, out: Path, progress: bool) -> dict[str, float]:
+    """Training tokens/s of every architecture at the budget's size, measured one after another
+    in this process on random windows (median of 5 steps after 2 untimed ones), before any run
+    starts: the same-time comparison's yardstick, free of what else ran beside each training
+    run. Kept in ``DIR/throughput.json`` so that a resumed study keeps it."""
+    path = out / "throughput.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=2, repeats=5)
+    speeds = {}
+    for arch in ARCHS:
+        cfg = run_config(budget, arch, 0).model
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
+        step = statistics.median(time_steps(model, optimizer, tokens, spec))
+        speeds[arch] = spec.batch_size * cfg.seq_len / step
+        if progress:
+            print(f"throughput: {arch} {speeds[arch]:,.0f} tokens/s", flush=True)
+    write_json(path, speeds)
+    return speeds
+
+
 def same_time_steps(budget: Budget, out: Path, arch: str) -> int:
-    """Steps that take ``arch`` as long as the reference's same-token run, from the throughputs
-    both measured in their same-token runs."""
-    ratio = (train_tokens_per_s(out / f"tokens/{arch}/seed0")
-             / train_tokens_per_s(out / f"tokens/{REFERENCE}/seed0"))
-    return max(1, round(budget.train["steps"] * ratio))
+    """Steps that take ``arch`` as long as the reference's same-token run:
+    ``steps × (its tokens/s ÷ the reference's)``, from ``measure_throughputs``."""
+    speeds = json.loads((out / "throughput.json").read_text())
+    return max(1, round(budget.train["steps"] * speeds[arch] / speeds[REFERENCE]))
 
 
 def near_far(report: dict[str, Any]) -> dict[str, float | None]:
@@ -214,14 +243,6 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
     return result
 
 
-def entry_needs(entry: dict[str, Any]) -> tuple[str, ...]:
-    """The entries whose results an entry needs before it can start: a same-time run needs the
-    same-token throughputs of its architecture and of the reference."""
-    if entry["compare"] != "time":
-        return ()
-    return f"tokens/{entry['arch']}/seed0", f"tokens/{REFERENCE}/seed0"
-
-
 def _entry_job(budget_name: str, entry: dict[str, Any], out: str, threads: int
                ) -> dict[str, Any]:
     torch.set_num_threads(threads)
@@ -238,15 +259,13 @@ def _recall_job(budget_name: str, out: str, threads: int) -> list[dict[str, Any]
 def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
                  ) -> tuple[list[dict[str, Any]], list[dict[str, Any]] | None]:
     """The entries and the recall stage, ``jobs`` at a time in worker processes of ``threads``
-    torch threads each; an entry starts once the entries it needs (``entry_needs``) are done.
-    Each finished entry's result is written as it completes, so the study resumes as the
-    sequential one does."""
+    torch threads each, in order. Each finished entry's result is written as it completes, so
+    the study resumes as the sequential one does."""
     todo, done = entries(BUDGETS[budget]), {}
     for entry in todo:
         path = out / entry["name"] / "result.json"
         if path.exists():
             done[entry["name"]] = json.loads(path.read_text())
-    pending = [entry for entry in todo if entry["name"] not in done]
     recall = None
     start = time.perf_counter()
 
@@ -260,12 +279,11 @@ def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
         if BUDGETS[budget].mqar is not None:
             running[pool.submit(_recall_job, BUDGETS[budget].mqar, str(out / "mqar"),
                                 threads)] = None
-            note("started the recall stage")
-        while pending or running:
-            for entry in [e for e in pending if all(n in done for n in entry_needs(e))]:
-                pending.remove(entry)
+        for entry in todo:
+            if entry["name"] not in done:
                 running[pool.submit(_entry_job, budget, entry, str(out), threads)] = entry
-                note(f"queued {entry['name']}")
+        note(f"{len(running)} jobs queued, {jobs} at a time")
+        while running:
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 entry = running.pop(future)
@@ -289,9 +307,15 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     budget, out = BUDGETS[budget_name], Path(out)
     if jobs > 1:
         threads = threads or max(1, (os.cpu_count() or 1) // jobs)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        speeds = measure_throughputs(budget, out, progress)
+    finally:
+        torch.set_num_threads(before)
+    if jobs > 1:
         results, recall = run_parallel(budget_name, out, jobs, threads, progress)
     else:
-        before = torch.get_num_threads()
         torch.set_num_threads(threads or before)
         try:
             results = resume_entries(entries(budget), out,
@@ -302,10 +326,9 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
         recall = None
         if budget.mqar is not None:
             recall = run_recall(budget.mqar, out / "mqar", progress)
-    scaling = out / "scaling" / "scaling.json"
     summary = {"budget": budget_name, "model": budget.model, "train": budget.train,
-               "sensitivity": sensitivity(results),
-               "scaling": json.loads(scaling.read_text()) if scaling.exists() else None,
+               "sensitivity": sensitivity(results), "scaling": scaling_points(out),
+               "throughput": speeds,
                "wall_s": sum(r.get("wall_s", 0.0) for r in results)
                + sum(r.get("wall_s", 0.0) for r in recall or []),
                "runs": results}
@@ -323,18 +346,20 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     return summary
 
 
-def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
-    """How the sensitivity check changes with the training budget: the full transformer trained
-    at a constant learning rate after warm-up (so that stopping at any step is the same run as
-    continuing it), its loss against position on the validation split measured at each of
-    ``budget.scaling`` steps. Each point is kept in ``DIR/scaling/step<k>.json``; the training
-    resumes from its last checkpoint."""
-    budget, out = BUDGETS[budget_name], Path(out) / "scaling"
+def run_scaling(budget_name: str, out: str | Path, progress: bool = True,
+                arch: str = FULL_ATTENTION) -> list[dict]:
+    """How the context questions change with the training budget: ``arch`` (first the full
+    transformer, whose gain says whether the experiment can see long context; then the others
+    on the same curve) trained at a constant learning rate after warm-up (so that stopping at
+    any step is the same run as continuing it), its loss against position and its context gain
+    on the validation split measured at each of ``budget.scaling`` steps. Each point is kept in
+    ``DIR/scaling/<arch>/step<k>.json``; the training resumes from its last checkpoint."""
+    budget, out = BUDGETS[budget_name], Path(out) / "scaling" / arch
     points = []
     for steps in budget.scaling:
         path = out / f"step{steps}.json"
         if not path.exists():
-            cfg = run_config(budget, FULL_ATTENTION, 0)
+            cfg = run_config(budget, arch, 0)
             cfg.train.steps, cfg.train.schedule, cfg.train.halve_every = steps, "halving", 0
             cfg.train.warmup_steps = budget.scaling_warmup
             cfg.train.checkpoint_every = cfg.train.eval_every = min(budget.scaling)
@@ -343,22 +368,29 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True) -> lis
             report = per_position_checkpoint(latest, "valid", max_tokens=limit,
                                              progress=progress)
             gain = context_gain(latest, "valid", budget.model, limit, progress)
-            write_json(path, {**report, "run": f"{steps} steps", "steps": steps,
+            write_json(path, {**report, "run": f"{arch}, {steps} steps", "steps": steps,
                                "train_tokens": steps * cfg.train.batch_size * cfg.model.seq_len,
                                **near_far(report), **gain})
         point = json.loads(path.read_text())
         keep = ("steps", "train_tokens", "loss", "near_loss", "far_loss", "far_minus_near",
                 "context_gain_bits")
-        points.append({k: point.get(k) for k in keep})
+        points.append({"arch": arch, **{k: point.get(k) for k in keep}})
         if progress:
-            print(f"scaling: step {steps}: far - near {point['far_minus_near']:+.4f} nats, "
-                  f"context gain {_fmt(point.get('context_gain_bits'), '+.4f')} bits "
+            print(f"scaling: {arch} step {steps}: far - near {point['far_minus_near']:+.4f} "
+                  f"nats, context gain {_fmt(point.get('context_gain_bits'), '+.4f')} bits "
                   f"(valid loss {point['loss']:.4f})", flush=True)
     write_json(out / "scaling.json", points)
     plot_per_position(sorted(out.glob("step*.json"), key=lambda p: int(p.stem[4:])),
-                      out / "scaling.png", title="transformer, loss against position by "
-                                                 "training steps (valid split)")
+                      out / "scaling.png", title=f"{arch}, loss against position by training "
+                                                 "steps (valid split)")
     return points
+
+
+def scaling_points(out: Path) -> list[dict[str, Any]] | None:
+    """Every architecture's ``--scaling`` points found under ``DIR/scaling``, in ARCHS order."""
+    points = [p for arch in ARCHS if (out / "scaling" / arch / "scaling.json").exists()
+              for p in json.loads((out / "scaling" / arch / "scaling.json").read_text())]
+    return points or None
 
 
 def run_recall(budget_name: str, out: Path, progress: bool) -> list[dict[str, Any]]:
@@ -422,12 +454,12 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                 "**Not sensitive**: this run cannot show long-context use; the recall task "
                 "carries the verdict."), ""]
     if summary.get("scaling"):
-        lines += ["Against the training budget (`--scaling`: the transformer at a constant "
+        lines += ["Against the training budget (`--scaling`: each architecture at a constant "
                   "learning rate, validation split):", "",
-                  "| steps | training tokens | valid loss | context gain (bits) | loss [m,2m) | "
-                  "loss [2m,N) | far − near |", "|---|---|---|---|---|---|---|"]
-        lines += [f"| {p['steps']} | {p['train_tokens']:,} | {p['loss']:.4f} | "
-                  f"{_fmt(p.get('context_gain_bits'), '+.4f')} | "
+                  "| arch | steps | training tokens | valid loss | context gain (bits) | "
+                  "loss [m,2m) | loss [2m,N) | far − near |", "|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {p.get('arch', FULL_ATTENTION)} | {p['steps']} | {p['train_tokens']:,} | "
+                  f"{p['loss']:.4f} | {_fmt(p.get('context_gain_bits'), '+.4f')} | "
                   f"{_fmt(p['near_loss'])} | {_fmt(p['far_loss'])} | "
                   f"{_fmt(p['far_minus_near'], '+.4f')} |" for p in summary["scaling"]]
         lines.append("")
@@ -435,7 +467,8 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
         lines += [f"## {title}", "",
                   "| arch | seeds | steps | train tokens | test bits/byte | bits/byte at 2m | "
                   "context gain (bits) | loss [m,2m) | loss [2m,N) | far − near | train tok/s "
-                  "| attention / full |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "(measured; in the runs) | attention / full |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for arch in ARCHS:
             runs = [r for r in results if r["arch"] == arch and (
                 r["compare"] == compare or (compare == "time" and arch == REFERENCE
@@ -450,6 +483,7 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                 f"{_fmt(_mean(r['near_loss'] for r in runs))} | "
                 f"{_fmt(_mean(r['far_loss'] for r in runs))} | "
                 f"{_fmt(_mean(r['far_minus_near'] for r in runs), '+.4f')} | "
+                f"{summary['throughput'][arch]:,.0f}; "
                 f"{statistics.fmean(r['train_tokens_per_s'] for r in runs):,.0f} | "
                 f"{runs[0]['attention_ratio_to_full']:.3f} |")
         lines.append("")
@@ -476,10 +510,11 @@ def main(argv: list[str] | None = None) -> int:
                              "at most 2 hours on a 2-core CPU")
     parser.add_argument("--out", default="runs/long_context", help="study folder (resumable)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--scaling", action="store_true",
-                        help="only the budget-scaling run of the sensitivity check: the full "
-                             "transformer at a constant learning rate, its loss against position "
-                             "measured at several step counts (DIR/scaling)")
+    parser.add_argument("--scaling", nargs="*", choices=ARCHS, metavar="ARCH",
+                        help="only the budget-scaling runs: each ARCH (default: transformer, "
+                             "the sensitivity check) at a constant learning rate, its loss "
+                             "against position and context gain measured at several step "
+                             "counts (DIR/scaling/ARCH)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1); with 2 on a "
                              "2-core CPU two one-thread runs share the cores, which trains "
@@ -494,8 +529,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} {value} must be positive")
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    if args.scaling:
-        run_scaling(args.budget, args.out, progress=not args.quiet)
+    if args.scaling is not None:
+        for arch in args.scaling or [FULL_ATTENTION]:
+            run_scaling(args.budget, args.out, progress=not args.quiet, arch=arch)
         return 0
     summary = run_study(args.budget, args.out, progress=not args.quiet, jobs=args.jobs,
                         threads=args.threads)
