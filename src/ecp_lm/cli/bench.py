@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed steps per case; the median is kept (default: 3)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--compile", action="store_true",
+                        help="time compiled training steps (torch.compile of the loss: forward "
+                             "and backward)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--train-modes", action="store_true",
+                        help="instead of one mode, every case eager and compiled, in fp32 and "
+                             "bf16, with tokens/s as a ratio to eager fp32 in the same run")
     parser.add_argument("--decode", action="store_true",
                         help="also measure cached decoding: ECP against the transformer at "
                              "each of --decode-lengths, then eager and compiled decode steps at "
@@ -61,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
     from ecp_lm.cli.complexity import parse_archs
 
     spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
-                           args.batch_size, args.warmup, args.repeats, args.device)
+                           args.batch_size, args.warmup, args.repeats, args.device,
+                           args.compile, args.precision)
     archs = parse_archs(args.archs)
     if args.decode_only:
         args.decode = True
@@ -72,8 +81,13 @@ def run(args: argparse.Namespace) -> int:
         for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
             for arch in archs:
                 bench.model_config(arch, n, spec)
-    results = [] if args.decode_only else bench.run(archs, args.seq_lens, spec)
-    if results:
+    if args.decode_only:
+        results = []
+    elif args.train_modes:
+        results = bench.run_train_modes(archs, args.seq_lens, spec)
+        print(bench.format_train_modes(results))
+    else:
+        results = bench.run(archs, args.seq_lens, spec)
         print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        "threads": torch.get_num_threads(), **vars(spec),
@@ -87,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot and results:
+    if args.plot and results and not args.train_modes:
         bench.plot(results, str(args.plot))
     return 0
 
