@@ -159,8 +159,8 @@ def test_an_explicit_kernel_that_cannot_run_says_why(native_kernel):
         sharp_model("ecp", attn_impl="flex", dropout=0.1).train()(tokens)
     with pytest.raises(ValueError, match=r"'native' cannot run .* no dropout"):
         sharp_model("sliding_window", attn_impl="native", dropout=0.1).train()(tokens)
-    with pytest.raises(ValueError, match=r"'native' cannot run .* not torch.bfloat16"):
-        sharp_model("block_local", attn_impl="native").bfloat16()(tokens)
+    with pytest.raises(ValueError, match=r"'native' cannot run .* not torch.float16"):
+        sharp_model("block_local", attn_impl="native").half()(tokens)
     with pytest.raises(ValueError, match=r"'flash' cannot run .* without dropout"):
         sharp_model("ecp", attn_impl="flash", dropout=0.1).train()(tokens)
     with torch.no_grad():  # flex runs forward on CPU

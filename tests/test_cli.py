@@ -125,3 +125,47 @@ def test_bench_command_writes_json(tmp_path, capsys, native_kernel):
     assert ecp["attention_entries_ratio"] < 1 and ecp["time_ratio_to_transformer"] > 0
     assert "ecp" in capsys.readouterr().out
     assert cli_main(["bench", "--archs", "ecp", "--seq-lens", "300"]) == 2  # 300 % 256 != 0
+
+
+def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeypatch):
+    """``ecp bench --decode-only``: eager and compiled decode steps at batch 1 and 16 for ECP and
+    the transformer, each beside the bytes a step must read and the floor those bytes take at
+    the copy bandwidth measured in the same run. (The compiler here is dynamo with the eager
+    backend, to stay fast: the real compiler is tested in test_decode.)"""
+    import json
+
+    import torch
+
+    from ecp_lm import generation
+    from ecp_lm.cli import main as cli_main
+
+    monkeypatch.setattr(generation, "compiled_decode_step", lambda model: torch.compile(
+        model.decode_step, backend="eager", fullgraph=True, dynamic=False))
+    out = tmp_path / "decode.json"
+    d, layers, m, window = 32, 2, 16, 128
+    assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers", str(layers),
+                     "--n-heads", "2", "--segment-len", str(m), "--decode-lengths", "64",
+                     "--decode-window", str(window), "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["train"] == []
+    modes = report["decode_modes"]
+    bandwidth = modes["copy_bandwidth_gb_s"] * 1e9
+    assert bandwidth > 0
+    cases = {(r["arch"], r["batch"], r["mode"]): r for r in modes["cases"]}
+    assert set(cases) == {(a, b, mode) for a in ("ecp", "transformer") for b in (1, 16)
+                          for mode in ("eager", "compiled")}
+    # the parameters: embedding + head (256 x d each) and per layer 4 d x d projections, a d x 4d
+    # feed-forward with biases, two layer norms; the final norm
+    params = 2 * 256 * d + layers * (4 * d * d + 8 * d * d + 5 * d + 4 * d) + 2 * d
+    for (arch, batch, _), r in cases.items():
+        assert r["param_bytes"] == 4 * params
+        # the slots in use after N/2 + 35 positions: ECP's full ring of 2m; the transformer's
+        slots = 2 * m if arch == "ecp" else window // 2 + 35
+        assert r["cache_bytes"] == batch * layers * 2 * slots * d * 4, (arch, batch)
+        floor = (r["param_bytes"] + r["cache_bytes"]) / bandwidth
+        assert abs(r["floor_ms"] - 1e3 * floor) < 1e-9
+        assert abs(r["ratio_to_floor"] - r["ms_per_step"] / r["floor_ms"]) < 1e-6
+        assert abs(r["tokens_per_s"] - batch / (r["ms_per_step"] / 1e3)) < 1e-6 * r["tokens_per_s"]
+    assert "compiled ÷ eager" in capsys.readouterr().out
+    assert cli_main(["bench", "--decode-only", "--segment-len", "256",
+                     "--decode-window", "1000"]) == 2

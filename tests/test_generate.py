@@ -59,10 +59,10 @@ def test_ecp_streams_past_the_window_in_constant_memory():
     torch.testing.assert_close(logits, full, atol=1e-4, rtol=0)
     assert out.size(1) == 3 * N + 5
     for cache in caches:
-        assert cache.k.size(2) == cache.v.size(2) == cache.pos.numel() == 2 * M
+        assert cache.k.size(2) == cache.v.size(2) == cache.pos.size(1) == 2 * M
         assert cache.filled == 2 * M
         last = out.size(1) - 2  # the last position written into the caches
-        assert sorted(cache.pos.tolist()) == list(range(last - 2 * M + 1, last + 1))
+        assert sorted(cache.pos[0].tolist()) == list(range(last - 2 * M + 1, last + 1))
 
 
 def test_transformer_slides_its_window_past_n():
@@ -153,6 +153,17 @@ def test_generate_cli(tmp_path, capsys):
     assert code == 2 and "has no tokenizer.json" in err and err.count("\n") == 1
     code = main(["generate", "--ckpt", str(tmp_path / "run"), "--prompt", "x", "--top-p", "2"])
     assert code == 2 and "top_p=2.0" in capsys.readouterr().err
+    code = main(["generate", "--ckpt", str(tmp_path / "run"), "--prompt", "x", "--compile",
+                 "--no-cache"])
+    assert code == 2 and "--compile" in capsys.readouterr().err
+    # --compile: the same greedy text as eager decoding
+    texts = []
+    for flags in ([], ["--compile"]):
+        assert main(["generate", "--ckpt", str(tmp_path / "run"), "--prompt", "the model",
+                     "--max-new-tokens", "40", "--temperature", "0", *flags]) == 0
+        out, err = capsys.readouterr()
+        texts.append(out)
+    assert texts[0] == texts[1] and "compiled" in err
 
 
 def test_caches_follow_the_model_dtype():

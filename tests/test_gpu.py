@@ -58,3 +58,30 @@ def test_cuda_bf16_training_step(tmp_path):
     cfg = tiny_run_config(tmp_path, "ecp", ["train.device=cuda"], steps=3)
     result = train(cfg, tmp_path / "run", progress=False)
     assert result.step == 3 and result.best_val_loss < 10
+
+
+@pytest.mark.parametrize("arch", ["ecp", "transformer"])
+def test_cuda_compiled_decoding_has_no_host_sync(arch):
+    """The compiled decode step on CUDA: the eager tokens, and no device-to-host copy in any
+    step after the compilation (CUDA's sync debug mode raises on one)."""
+    from ecp_lm.generation import compiled_decode_step
+
+    model = sharp_model(arch).cuda()
+    prompt = random_tokens(2, 5).cuda()
+    with torch.no_grad():
+        eager = generate(model, prompt, 20)
+        torch._dynamo.reset()
+        assert torch.equal(generate(model, prompt, 20, compile=True), eager)
+        caches = model.make_caches(2)
+        token = model.prefill(prompt, caches)[:, -1].argmax(-1, keepdim=True)
+        pos = torch.full((2,), 5, device="cuda")
+        step = compiled_decode_step(model)
+        step(token, pos, caches)  # compiled already: this only runs it
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(5):
+                pos = pos + 1
+                token = step(token, pos, caches).argmax(-1, keepdim=True)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        torch._dynamo.reset()

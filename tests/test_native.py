@@ -50,8 +50,9 @@ def test_cpu_ecp_uses_the_native_kernel(native_kernel, monkeypatch):
     q = torch.randn(1, 2, 50, 16)
     kernels.segment_pair_attention(q, q, q, 8)
     kernels.segment_pair_attention(q, q, q, 8, dropout_p=0.1)  # dropout: the mask kernel
-    kernels.segment_pair_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), 8)  # fallback
-    assert calls == [1]
+    kernels.segment_pair_attention(q.bfloat16(), q.bfloat16(), q.bfloat16(), 8)  # widened
+    kernels.segment_pair_attention(q.half(), q.half(), q.half(), 8)  # fallback
+    assert calls == [1, 1]
 
 
 def test_turned_off_by_environment(monkeypatch):
@@ -232,3 +233,19 @@ def test_default_blocks(native_kernel):
     assert block((8, 0, 8)) == 32 and block((7, 3, 0)) == 32 and block((6, 0, 0)) == 36
     assert block((97, 0, 97)) == 64  # no useful divisor: plain blocks of 64
     assert block((1, 0, 384)) == native_kernel.WINDOW_BLOCK == 32
+
+
+@pytest.mark.parametrize(("arch", "size"), [("ecp", 64), ("window", 97), ("shifted", 128)])
+def test_band_rules_in_bfloat16_accumulate_in_float32(native_kernel, arch, size):
+    """bfloat16 inputs (CPU autocast): the kernel runs in float32 and rounds the result to
+    bfloat16, so it is as close to exact float64 attention on the same (rounded) inputs as one
+    bfloat16 rounding of the output, and its gradients come back in bfloat16."""
+    rule, mask = ARCHS[arch](size)
+    q, k, v, grad = (x.bfloat16() for x in _inputs((1, 2, 300, 32), torch.float32, seed=size))
+    expected = _run(_dense(mask), *(x.double() for x in (q, k, v, grad)))
+    got = _run(partial(native_kernel.band_attention, rule=rule), q, k, v, grad)
+    for a, b in zip(got, expected, strict=True):
+        assert a.dtype == torch.bfloat16
+        # one rounding to bfloat16 (8 bits of mantissa): relative error 2^-8 of each value
+        torch.testing.assert_close(a.double(), b, atol=1e-3, rtol=2**-8)
+    assert native_kernel.supports(q)

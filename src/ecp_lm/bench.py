@@ -19,7 +19,7 @@ import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -39,6 +39,10 @@ class BenchSpec:
     warmup: int = 1
     repeats: int = 3
     device: str = "cpu"
+    compile: bool = False
+    """Time the training step compiled (``torch.compile`` of the loss, forward and backward)."""
+    precision: str = "auto"
+    """fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU (``runtime.resolve_precision``)."""
 
 
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
@@ -60,9 +64,11 @@ def _pass_through(q, k, v, rows):
     return q + (k.sum() + v.sum()) * 0.0
 
 
-def time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
+def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[float]:
     """Seconds of each of ``spec.repeats`` training steps on ``tokens``, after ``spec.warmup``
-    untimed ones."""
+    untimed ones; ``loss``: the function the step differentiates (default ``model.loss``)."""
+    loss = loss or model.loss
+
     def sync():
         if tokens.is_cuda:
             torch.cuda.synchronize()
@@ -71,7 +77,7 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
     for i in range(spec.warmup + spec.repeats):
         sync()
         start = time.perf_counter()
-        model.loss(tokens).backward()
+        loss(tokens).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         sync()
@@ -81,31 +87,38 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec) -> list[float]:
 
 
 def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
-    """One (arch, N) case in this process."""
+    """One (arch, N) case in this process. Compiled, the attention share is not measured (the
+    pass-through would be another compilation) and is None."""
+    from ecp_lm.runtime import autocast, resolve_precision
+
     torch.manual_seed(0)
     cfg = model_config(arch, seq_len, spec)
     device = torch.device(spec.device)
     model = build_model(cfg).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 256, (spec.batch_size, seq_len + 1), device=device)
-    use_bf16 = device.type == "cuda"
+    precision = resolve_precision(spec.precision, device)
+    loss = torch.compile(model.loss, fullgraph=True) if spec.compile else model.loss
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_bf16), \
-            _kernels_run(model) as kernels:
-        times = time_steps(model, optimizer, tokens, spec)
+    with autocast(precision, device), _kernels_run(model) as kernels:
+        times = time_steps(model, optimizer, tokens, spec, loss)
         peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
                 else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
-        for block in model.blocks:
-            block.attn._attend = _pass_through
-        bare = time_steps(model, optimizer, tokens, spec)
-    step, step_bare = statistics.median(times), statistics.median(bare)
+        bare = None
+        if not spec.compile:
+            for block in model.blocks:
+                block.attn._attend = _pass_through
+            bare = statistics.median(time_steps(model, optimizer, tokens, spec))
+    step = statistics.median(times)
+    attention = None if bare is None else max(step - bare, 0.0)
     cost = attention_cost(cfg)
     return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),
+            "compiled": spec.compile, "precision": precision,
             "step_s": step, "tokens_per_s": spec.batch_size * seq_len / step,
-            "peak_mib": peak / 2**20, "attention_s": max(step - step_bare, 0.0),
-            "attention_share": max(step - step_bare, 0.0) / step,
+            "peak_mib": peak / 2**20, "attention_s": attention,
+            "attention_share": None if attention is None else attention / step,
             "attention_entries": cost.entries, "attention_flops": cost.flops,
             "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times,
             "kernel": ",".join(sorted(kernels))}
@@ -156,7 +169,8 @@ def add_ratios(results: list[dict[str, Any]], reference: str = "transformer"
         t = base.get(r["seq_len"])
         r["time_ratio_to_transformer"] = r["step_s"] / t["step_s"] if t else None
         r["attention_time_ratio"] = (r["attention_s"] / t["attention_s"]
-                                     if t and t["attention_s"] > 0 else None)
+                                     if t and r["attention_s"] is not None and t["attention_s"]
+                                     else None)
         r["attention_entries_ratio"] = (r["attention_entries"] / t["attention_entries"]
                                         if t else None)
     return results
@@ -170,7 +184,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
              f"{'time/tfm':>10}{'attn time/tfm':>14}{'attn entries/tfm':>17}"]
     for r in results:
         lines.append(f"{r['arch']:<18}{r['seq_len']:>7}{r['tokens_per_s']:>10,.0f}"
-                     f"{r['peak_mib']:>10,.0f}{r['attention_share']:>11.0%}"
+                     f"{r['peak_mib']:>10,.0f}{fmt(r['attention_share'], '>11.0%')}"
                      f"{fmt(r['time_ratio_to_transformer'], '>10.3f')}"
                      f"{fmt(r['attention_time_ratio'], '>14.3f')}"
                      f"{fmt(r['attention_entries_ratio'], '>17.3f')}")
@@ -200,6 +214,37 @@ def plot(results: list[dict[str, Any]], out: str) -> None:
     ax1.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+
+
+# Training modes: eager and compiled, fp32 and bf16 ----------------------------------------------
+
+TRAIN_MODES = ((False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16"))
+"""(compiled, precision) of ``run_train_modes``; the first is the reference."""
+
+
+def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
+                    progress: bool = True) -> list[dict[str, Any]]:
+    """Every (arch, N) in each of ``TRAIN_MODES``, each in its own subprocess, with its tokens/s
+    as a ratio to the eager fp32 step of the same run."""
+    rows = []
+    for compiled, precision in TRAIN_MODES:
+        mode = replace(spec, compile=compiled, precision=precision)
+        for r in run(archs, seq_lens, mode, progress):
+            rows.append(r)
+    base = {(r["arch"], r["seq_len"]): r for r in rows
+            if (r["compiled"], r["precision"]) == TRAIN_MODES[0]}
+    for r in rows:
+        r["speedup"] = r["tokens_per_s"] / base[(r["arch"], r["seq_len"])]["tokens_per_s"]
+    return rows
+
+
+def format_train_modes(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'arch':<15}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}{'÷ eager fp32':>14}"]
+    for r in rows:
+        lines.append(f"{r['arch']:<15}{r['seq_len']:>7}"
+                     f"{'compiled' if r['compiled'] else 'eager':>10}{r['precision']:>10}"
+                     f"{r['tokens_per_s']:>10,.0f}{r['speedup']:>14.2f}")
+    return "\n".join(lines)
 
 
 # Decoding ----------------------------------------------------------------------------------------
@@ -262,6 +307,122 @@ def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
         ratio = points[-1]["ms_per_token"] / points[0]["ms_per_token"]
         lines.append(f"{arch}: latency at {points[-1]['length']} / at {points[0]['length']} "
                      f"= {ratio:.2f}")
+    return "\n".join(lines)
+
+
+# Decoding modes: eager and compiled against the memory-bandwidth floor ----------------------------
+
+DECODE_WARMUP = 3
+"""Untimed decode steps before the timed ones (the first compiles)."""
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
+    """Bytes per second this machine moves copying a buffer far larger than its caches: each
+    byte is read once and written once, and both count (median of ``repeats`` copies)."""
+    src = torch.rand(mib * 2**20 // 4, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        dst.copy_(src)
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / statistics.median(times)
+
+
+def decode_mode_configs(length: int, spec: BenchSpec) -> dict[str, ModelConfig]:
+    """ECP (segments of ``spec.segment_len``) and the transformer with a window of ``length``."""
+    size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
+                n_heads=spec.n_heads, seq_len=length)
+    return {"ecp": ModelConfig(arch="ecp", num_segments=length // spec.segment_len, **size),
+            "transformer": ModelConfig(arch="transformer", **size)}
+
+
+@torch.no_grad()
+def decode_mode_case(model, batch: int, compiled: bool, steps: int, bandwidth: float
+                     ) -> dict[str, Any]:
+    """Prefill half the window in each of ``batch`` rows, then time ``steps`` greedy decode steps
+    as ``generate`` runs them (``decode_step`` eager, with the slots in use, or compiled, over
+    the whole ring; three untimed steps first, the compilation among them). The floor is the
+    bytes a step must read, the parameters once and each row's cache slots in use, at the
+    measured ``bandwidth``."""
+    from ecp_lm.generation import compiled_decode_step
+
+    device = next(model.parameters()).device
+    length, warmup = model.cfg.seq_len, DECODE_WARMUP
+    prompt = torch.randint(0, 256, (batch, length // 2), device=device,
+                           generator=torch.Generator(device=device).manual_seed(batch))
+    caches = model.make_caches(batch, device)
+    token = model.prefill(prompt, caches)[:, -1].argmax(-1, keepdim=True)
+    pos = torch.full((batch,), length // 2, dtype=torch.long, device=device)
+    step = compiled_decode_step(model) if compiled else model.decode_step
+    times = []
+    for i in range(warmup + steps):
+        span = None if compiled else caches[0].slots_in_use(ahead=1)
+        _sync(device)
+        start = time.perf_counter()
+        token = step(token, pos, caches, span).argmax(-1, keepdim=True)
+        _sync(device)
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+        pos = pos + 1
+        for cache in caches:
+            cache.advance()
+    seconds = statistics.median(times)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    cache_bytes = sum(c.nbytes(used_only=True) for c in caches)  # every row's
+    floor = (params + cache_bytes) / bandwidth
+    return {"arch": model.cfg.arch, "batch": batch, "mode": "compiled" if compiled else "eager",
+            "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
+            "param_bytes": params, "cache_bytes": cache_bytes, "floor_ms": 1e3 * floor,
+            "ratio_to_floor": seconds / floor}
+
+
+def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ...] = (1, 16),
+                     steps: int = 32, progress: bool = True) -> dict[str, Any]:
+    """Eager and compiled decoding of ECP and the transformer at batch sizes ``batches``, with
+    the copy bandwidth measured in the same run and each case's bandwidth floor."""
+    if length // 2 + DECODE_WARMUP + steps > length:
+        raise ValueError(f"{DECODE_WARMUP + steps} decode steps after {length // 2} prompt "
+                         f"tokens pass the transformer's window {length}: use a longer "
+                         "--decode-window")
+    device = torch.device(spec.device)
+    bandwidth = copy_bandwidth(device)
+    rows = []
+    for arch, cfg in decode_mode_configs(length, spec).items():
+        torch.manual_seed(0)
+        model = build_model(cfg).to(device).eval()
+        for batch in batches:
+            for compiled in (False, True):
+                if progress:
+                    print(f"  decode {arch:>11} batch {batch} "
+                          f"{'compiled' if compiled else 'eager'} ...", file=sys.stderr,
+                          flush=True)
+                rows.append(decode_mode_case(model, batch, compiled, steps, bandwidth))
+    return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "cases": rows}
+
+
+def format_decode_modes(report: dict[str, Any]) -> str:
+    lines = [f"decoding at window {report['length']}, copy bandwidth "
+             f"{report['copy_bandwidth_gb_s']:.1f} GB/s",
+             f"{'arch':>11} {'batch':>5} {'mode':>8} {'ms/step':>8} {'tokens/s':>9} "
+             f"{'floor ms':>8} {'÷ floor':>7}"]
+    for r in report["cases"]:
+        lines.append(f"{r['arch']:>11} {r['batch']:>5} {r['mode']:>8} {r['ms_per_step']:>8.3f} "
+                     f"{r['tokens_per_s']:>9,.0f} {r['floor_ms']:>8.3f} "
+                     f"{r['ratio_to_floor']:>7.2f}")
+    by = {(r["arch"], r["batch"], r["mode"]): r for r in report["cases"]}
+    for arch, batch, _ in list(by)[::2]:
+        eager, compiled = by[(arch, batch, "eager")], by[(arch, batch, "compiled")]
+        lines.append(f"{arch} batch {batch}: compiled ÷ eager tokens/s = "
+                     f"{compiled['tokens_per_s'] / eager['tokens_per_s']:.2f}")
     return "\n".join(lines)
 
 

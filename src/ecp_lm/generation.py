@@ -21,12 +21,13 @@ cache covers its window N; past N it slides the window as above.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
 
 from ecp_lm.models import LanguageModel
+from ecp_lm.models.cache import KVCache
 
 
 def context_start(model: LanguageModel, length: int) -> int:
@@ -54,18 +55,36 @@ def sample(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
-def check_generate_args(model: LanguageModel, prompt: Tensor, max_new_tokens: int,
+Prompt = Tensor | Sequence[Tensor]
+"""A (B, T) batch of prompts of one length, or B one-dimensional prompts of any lengths."""
+
+
+def prompt_rows(prompt: Prompt) -> list[Tensor]:
+    """The prompts of a batch, one 1-D tensor each."""
+    if isinstance(prompt, Tensor):
+        if prompt.dim() != 2:
+            raise ValueError(f"prompt must be a (B, T) tensor or a list of 1-D tensors, got "
+                             f"shape {tuple(prompt.shape)}")
+        return list(prompt)
+    rows = list(prompt)
+    if not rows or any(not isinstance(r, Tensor) or r.dim() != 1 for r in rows):
+        raise ValueError("a list of prompts must hold one or more 1-D token tensors")
+    return rows
+
+
+def check_generate_args(model: LanguageModel, prompt: Prompt, max_new_tokens: int,
                         temperature: float = 0.0, top_k: int | None = None,
                         top_p: float | None = None) -> None:
     """Raises ValueError, with a message a user can act on, for arguments ``generate`` would
     refuse; a caller can validate before producing any output."""
-    if prompt.dim() != 2 or prompt.size(1) == 0 or prompt.dtype != torch.long:
-        raise ValueError(f"prompt must be a non-empty (B, T) int64 tensor, got shape "
-                         f"{tuple(prompt.shape)} dtype {prompt.dtype}")
-    lo, hi = int(prompt.min()), int(prompt.max())  # once, before generation starts
-    if lo < 0 or hi >= model.cfg.vocab_size:
-        raise ValueError(f"prompt token ids must lie in 0..{model.cfg.vocab_size - 1}, got "
-                         f"{lo}..{hi}")
+    for row in prompt_rows(prompt):
+        if row.numel() == 0 or row.dtype != torch.long:
+            raise ValueError(f"every prompt must be a non-empty int64 tensor, got "
+                             f"{row.numel()} tokens of dtype {row.dtype}")
+        lo, hi = int(row.min()), int(row.max())  # once, before generation starts
+        if lo < 0 or hi >= model.cfg.vocab_size:
+            raise ValueError(f"prompt token ids must lie in 0..{model.cfg.vocab_size - 1}, "
+                             f"got {lo}..{hi}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
     if temperature < 0:
@@ -78,60 +97,120 @@ def check_generate_args(model: LanguageModel, prompt: Tensor, max_new_tokens: in
         raise ValueError("a classification model (num_classes set) cannot generate")
 
 
+def compiled_decode_step(model: LanguageModel) -> Callable[..., Tensor]:
+    """``model.decode_step`` compiled once per model (``torch.compile``, one graph without
+    breaks: fixed shapes, no host sync); later calls reuse it."""
+    step = model.__dict__.get("_compiled_decode_step")
+    if step is None:
+        step = torch.compile(model.decode_step, fullgraph=True, dynamic=False)
+        model.__dict__["_compiled_decode_step"] = step
+    return step
+
+
+def prefill(model: LanguageModel, rows: list[Tensor]) -> tuple[Tensor, list[KVCache]]:
+    """Last-position logits (B, V) of each prompt and the filled caches: one batched prefill
+    where the prompts have one length, else one per prompt, stacked (``KVCache.stack``)."""
+    if len({r.numel() for r in rows}) == 1:
+        caches = model.make_caches(len(rows), rows[0].device)
+        return model.prefill(torch.stack(rows), caches)[:, -1], caches
+    logits, per_row = [], []
+    for row in rows:
+        caches = model.make_caches(1, row.device)
+        logits.append(model.prefill(row[None], caches)[:, -1])
+        per_row.append(caches)
+    return torch.cat(logits), [KVCache.stack(layer) for layer in zip(*per_row, strict=True)]
+
+
+def recompute(model: LanguageModel, rows: list[Tensor]) -> Tensor:
+    """Logits (B, V) after each row, from the context the architecture needs
+    (``context_start``), without a cache: one forward where the rows have one length."""
+    contexts = [r[context_start(model, r.numel()):] for r in rows]
+    if len({c.numel() for c in contexts}) == 1:
+        return model(torch.stack(contexts))[:, -1]
+    return torch.cat([model(c[None])[:, -1] for c in contexts])
+
+
 @torch.no_grad()
-def stream(model: LanguageModel, prompt: Tensor, max_new_tokens: int, temperature: float = 0.0,
+def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-           eos_id: int | None = None, use_cache: bool = True
+           eos_id: int | None = None, use_cache: bool = True, compile: bool = False
            ) -> Iterator[tuple[Tensor, Tensor]]:
-    """Yields (next tokens (B,), their logits (B, V)) one step at a time."""
+    """Yields (next tokens (B,), their logits (B, V)) one step at a time. Prompts may differ in
+    length (a list of 1-D tensors): each row then continues at its own positions.
+
+    ``compile``: the cached decode step runs as one compiled graph (``compiled_decode_step``);
+    the tokens are the same as eager decoding's."""
     check_generate_args(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    prompts = prompt_rows(prompt)
+    device = prompts[0].device
     generator = None
     if seed is not None:
-        generator = torch.Generator(device=prompt.device).manual_seed(seed)
-    tokens = prompt
-    caches = model.make_caches(prompt.size(0), prompt.device) if use_cache else None
-    finished = torch.zeros(prompt.size(0), dtype=torch.bool, device=prompt.device)
+        generator = torch.Generator(device=device).manual_seed(seed)
+    cached = use_cache and model.arch.cache_capacity is not None
+    step = compiled_decode_step(model) if compile else model.decode_step
+    longest, limit = max(p.numel() for p in prompts), model.arch.max_len
+    caches: list[KVCache] | None = None
+    new: list[Tensor] = []  # the tokens generated so far, (B,) each
+
+    def rows() -> list[Tensor]:
+        if not new:
+            return prompts
+        return [torch.cat([p, n]) for p, n in zip(prompts, torch.stack(new, 1), strict=True)]
+
+    finished = torch.zeros(len(prompts), dtype=torch.bool, device=device)
     for i in range(max_new_tokens):
-        length = tokens.size(1)
-        if caches is not None and model.arch.max_len is not None and length >= \
-                model.arch.max_len:
-            caches = None  # past the transformer's window: slide it, recomputing each step
-        if caches is None:
-            context = tokens[:, context_start(model, length):]
-            logits = model(context)[:, -1].float()  # (B, V)
-        elif i == 0:
-            logits = model.prefill(tokens, caches)[:, -1].float()
-        else:
-            logits = model.decode_one_token(tokens[:, -1:], length - 1, caches).float()
+        if limit is not None and longest + i >= limit:
+            cached = False  # past the transformer's window: slide it, recomputing each step
+        if not cached:
+            logits = recompute(model, rows())
+        elif caches is None:
+            logits, caches = prefill(model, prompts)
+            pos = torch.tensor([p.numel() for p in prompts], device=device)
+        else:  # the last token, at each row's next position
+            span = None if compile else caches[0].slots_in_use(ahead=1)
+            logits = step(new[-1][:, None], pos, caches, span)
+            pos = pos + 1
+            for cache in caches:
+                cache.advance()
+        logits = logits.float()
         nxt = sample(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             nxt = nxt.masked_fill(finished, eos_id)
             finished |= nxt == eos_id
-        tokens = torch.cat([tokens, nxt[:, None]], dim=1)
+        new.append(nxt)
         yield nxt, logits
         if eos_id is not None and bool(finished.all()):
             return
 
 
-def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int,
+def generate(model: LanguageModel, prompt: Prompt, max_new_tokens: int,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, eos_id: int | None = None, use_cache: bool = True,
-             return_logits: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+             return_logits: bool = False, compile: bool = False
+             ) -> Tensor | list[Tensor] | tuple[Tensor | list[Tensor], Tensor]:
     """prompt (B, T) -> (B, T + n) tokens, n <= max_new_tokens (fewer when every row has
-    produced ``eos_id``); with ``return_logits`` also the step logits (B, n, V).
+    produced ``eos_id``); with ``return_logits`` also the step logits (B, n, V). A list of 1-D
+    prompts of different lengths gives a list of 1-D tensors, each prompt and its n tokens.
 
     ``use_cache``: architectures with a KV cache (ecp, the local baselines, transformer) decode one
     token at a time from per-layer caches (ECP's holds at most 2m positions); the perceiver
-    family recomputes its window each step."""
+    family recomputes its window each step. ``compile``: the decode step as one compiled graph
+    (``torch.compile``; the first call compiles, for some seconds)."""
     was_training = model.training
     model.eval()
     steps = list(stream(model, prompt, max_new_tokens, temperature, top_k, top_p, seed,
-                        eos_id, use_cache))
+                        eos_id, use_cache, compile))
     model.train(was_training)
-    new = torch.stack([t for t, _ in steps], dim=1) if steps else prompt[:, :0]
-    out = torch.cat([prompt, new], dim=1)
+    rows = prompt_rows(prompt)
+    new = (torch.stack([t for t, _ in steps], dim=1) if steps
+           else rows[0].new_zeros(len(rows), 0))
+    out: Tensor | list[Tensor]
+    if isinstance(prompt, Tensor):
+        out = torch.cat([prompt, new], dim=1)
+    else:
+        out = [torch.cat([r, n]) for r, n in zip(rows, new, strict=True)]
     if not return_logits:
         return out
     logits = (torch.stack([lg for _, lg in steps], dim=1) if steps
-              else prompt.new_zeros(prompt.size(0), 0, model.cfg.vocab_size, dtype=torch.float))
+              else torch.zeros(len(rows), 0, model.cfg.vocab_size, device=rows[0].device))
     return out, logits

@@ -93,7 +93,8 @@ def init_distributed(device: str) -> Dist:
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
-    """DDP or FSDP across ranks; optionally compiled."""
+    """DDP or FSDP across ranks; compiled across ranks with ``compile`` (on one process the
+    whole loss is compiled instead: ``Trainer.loss_sum``)."""
     if cfg.fsdp and dist.world_size > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -103,7 +104,7 @@ def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     elif dist.world_size > 1:
         ids = [dist.device.index] if dist.device.type == "cuda" else None
         model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return torch.compile(model) if cfg.compile else model
+    return torch.compile(model) if cfg.compile and dist.world_size > 1 else model
 
 
 def _rank_seed(seed: int, rank: int) -> int:
@@ -189,6 +190,11 @@ class _Loop:
                  ckpt: Checkpoint | None):
         self.cfg, self.tc, self.task = cfg, cfg.train, task
         self.model, self.net, self.optimizer, self.dist = model, net, optimizer, dist
+        # train.compile on one process: the forward, the loss and (through AOTAutograd) their
+        # backward as one graph without breaks.
+        self.loss_sum = task.loss_sum
+        if self.tc.compile and dist.world_size == 1:
+            self.loss_sum = torch.compile(task.loss_sum, fullgraph=True)
         self.out_dir, self.state = out_dir, state
         self.autocast = autocast(self.tc.precision, dist.device)
         self.metrics = Metrics(out_dir / METRICS, dist.is_main)
@@ -258,7 +264,7 @@ class _Loop:
         loss_sum = torch.zeros((), device=self.dist.device)
         for i, batch in enumerate(batches):
             with self._grad_sync(i == len(batches) - 1), self.autocast:
-                loss = task.loss_sum(self.net, batch) / total
+                loss = self.loss_sum(self.net, batch) / total
             loss.backward()
             loss_sum += loss.detach()
         if self.dist.world_size > 1:

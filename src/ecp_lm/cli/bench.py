@@ -36,10 +36,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed steps per case; the median is kept (default: 3)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--compile", action="store_true",
+                        help="time compiled training steps (torch.compile of the loss: forward "
+                             "and backward)")
+    parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
+                        help="fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--train-modes", action="store_true",
+                        help="instead of one mode, every case eager and compiled, in fp32 and "
+                             "bf16, with tokens/s as a ratio to eager fp32 in the same run")
     parser.add_argument("--decode", action="store_true",
-                        help="also measure cached decoding (ECP vs transformer)")
+                        help="also measure cached decoding: ECP against the transformer at "
+                             "each of --decode-lengths, then eager and compiled decode steps at "
+                             "batch 1 and 16 at --decode-window, beside the memory-bandwidth "
+                             "floor (parameter and cache bytes read per step ÷ the copy "
+                             "bandwidth measured in the same run)")
+    parser.add_argument("--decode-only", action="store_true",
+                        help="only the --decode measurements, no training steps")
     parser.add_argument("--decode-lengths", type=_ints, default=[512, 2048, 8192, 16384],
                         metavar="L,L,...", help="sequence lengths for --decode")
+    parser.add_argument("--decode-window", type=int, default=1024, metavar="N",
+                        help="the window N of the eager/compiled decoding comparison "
+                             "(default: 1024; a multiple of --segment-len)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write all results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",
                         help="plot tokens/s and peak memory against N")
@@ -52,13 +69,26 @@ def run(args: argparse.Namespace) -> int:
     from ecp_lm.cli.complexity import parse_archs
 
     spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
-                           args.batch_size, args.warmup, args.repeats, args.device)
+                           args.batch_size, args.warmup, args.repeats, args.device,
+                           args.compile, args.precision)
     archs = parse_archs(args.archs)
-    for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
-        for arch in archs:
-            bench.model_config(arch, n, spec)
-    results = bench.run(archs, args.seq_lens, spec)
-    print(bench.format_table(results))
+    if args.decode_only:
+        args.decode = True
+    if args.decode and (args.decode_window <= 0 or args.decode_window % args.segment_len):
+        raise ValueError(f"--decode-window {args.decode_window} must be a positive multiple of "
+                         f"--segment-len {args.segment_len}")
+    if not args.decode_only:
+        for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
+            for arch in archs:
+                bench.model_config(arch, n, spec)
+    if args.decode_only:
+        results = []
+    elif args.train_modes:
+        results = bench.run_train_modes(archs, args.seq_lens, spec)
+        print(bench.format_train_modes(results))
+    else:
+        results = bench.run(archs, args.seq_lens, spec)
+        print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        "threads": torch.get_num_threads(), **vars(spec),
                        "kernels": {r["arch"]: r["kernel"] for r in results}},
@@ -66,10 +96,12 @@ def run(args: argparse.Namespace) -> int:
     if args.decode:
         report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
         print(bench.format_decode(report["decode"]))
+        report["decode_modes"] = bench.run_decode_modes(spec, args.decode_window)
+        print(bench.format_decode_modes(report["decode_modes"]))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(report, indent=2) + "\n")
-    if args.plot:
+    if args.plot and results and not args.train_modes:
         bench.plot(results, str(args.plot))
     return 0
 

@@ -30,6 +30,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop when this text (one token) is generated")
     parser.add_argument("--no-cache", action="store_true",
                         help="recompute the context for every token instead of using KV caches")
+    parser.add_argument("--compile", action="store_true",
+                        help="compile the decode step (torch.compile: one graph for every token; "
+                             "the first token waits for the compiler, tens of seconds on a CPU); "
+                             "the same tokens as without")
     parser.add_argument("--device", default="cpu",
                         help="cpu, cuda, cuda:N, mps or auto (default: %(default)s)")
     parser.add_argument("--precision", choices=PRECISIONS,
@@ -55,6 +59,9 @@ def run(args: argparse.Namespace) -> int:
     from ecp_lm.generation import check_generate_args, stream
     from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 
+    if args.compile and args.no_cache:
+        raise ValueError("--compile compiles the cached decode step: it cannot be combined with "
+                         "--no-cache")
     device = resolve_device(args.device)
     text = read_prompt(args)
     ckpt = read_checkpoint(args.ckpt)
@@ -81,7 +88,8 @@ def run(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     with autocast(precision, device):
         for token, _ in stream(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                               args.top_p, args.seed, eos_id, use_cache=not args.no_cache):
+                               args.top_p, args.seed, eos_id, use_cache=not args.no_cache,
+                               compile=args.compile):
             new.append(int(token[0]))
             decoded = tokenizer.decode(new)
             if decoded.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
@@ -92,7 +100,8 @@ def run(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     sys.stdout.write(tokenizer.decode(new)[len(printed):] + "\n")
     print(f"[{len(new)} tokens in {seconds:.2f} s, {len(new) / max(seconds, 1e-9):.1f} "
-          f"tokens/s, {'no cache' if args.no_cache else 'cached'}, {precision}]", file=sys.stderr)
+          f"tokens/s, {'no cache' if args.no_cache else 'cached'}"
+          f"{', compiled' if args.compile else ''}, {precision}]", file=sys.stderr)
     return 0
 
 

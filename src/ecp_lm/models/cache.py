@@ -1,10 +1,11 @@
 """Key/value caches for incremental decoding: one small module per layer.
 
-A cache is a ring of ``capacity`` preallocated slots; ``update(input_pos, k, v)`` writes each
-position into slot ``(pos - origin) % capacity`` (``origin``: the first position it holds, 0
-unless a prefill starts elsewhere) and records which absolute position every slot holds, so the
-decode step attends over the slots with the architecture's own mask predicate (on absolute
-positions) and nothing else: exact by construction.
+A cache is a ring of ``capacity`` preallocated slots per batch row: position p lives in slot
+``p % capacity``, and ``pos`` (B, capacity) records which absolute position every slot holds
+(-1: empty). A decode step attends over all the slots with the architecture's own mask predicate
+on those positions, and nothing else: exact by construction, and of fixed shape, so that one
+compiled graph serves every step (no slice grows, no Python branch reads the cache's state).
+Rows may stand at different positions (batched prompts of different lengths, ``stack``).
 
 The buffers take the dtype the model computes in (``LanguageModel.make_caches``): the
 parameters' dtype, or the autocast dtype when generation runs under ``torch.autocast``.
@@ -19,6 +20,8 @@ parameters' dtype, or the autocast dtype when generation runs under ``torch.auto
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor, nn
 
@@ -32,19 +35,30 @@ class KVCache(nn.Module):
                              persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=dtype, device=device),
                              persistent=False)
-        # Absolute position held by each slot; -1 = empty.
-        self.register_buffer("pos", torch.full((capacity,), -1, dtype=torch.long, device=device),
-                             persistent=False)
+        # Absolute position held by each slot of each row; -1 = empty.
+        self.register_buffer("pos", torch.full((batch_size, capacity), -1, dtype=torch.long,
+                                               device=device), persistent=False)
         self.capacity = capacity
-        self.origin = 0  # first position written (set before the first update)
-        self.filled = 0  # positions are written in order from origin: slots 0 .. filled-1 in use
-        self.next_pos = 0  # the position the next update must start at
+        # Host-side bookkeeping of the eager API (never read by a decode step): slots in use, and
+        # the position the next write continues at, per row.
+        self.filled = 0
+        self.origin: list[int] = [0] * batch_size
+        self.next_pos: list[int] = [0] * batch_size
 
     def start_at(self, origin: int) -> None:
         """Let an empty cache hold a stream whose first position is ``origin``."""
         if self.filled:
             raise ValueError("start_at needs an empty cache")
-        self.origin = self.next_pos = origin
+        self.origin = [origin] * len(self.origin)
+        self.next_pos = [origin] * len(self.next_pos)
+
+    def slots_in_use(self, ahead: int = 0) -> int:
+        """How many leading slots hold every position written, and ``ahead`` more per row: an
+        eager decode step attends over only those (``decode_step(span=...)``); the whole ring
+        once it has wrapped, or for a stream that did not start at position 0."""
+        if any(self.origin):
+            return self.capacity
+        return min(self.capacity, max(self.next_pos) + ahead)
 
     def nbytes(self, used_only: bool = False) -> int:
         """Bytes of the key and value buffers (only the filled slots if ``used_only``)."""
@@ -52,18 +66,46 @@ class KVCache(nn.Module):
         return 2 * self.k[:, :, :slots].numel() * self.k.element_size()
 
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), which continue the
-        positions written before; keeps the last ``capacity``. Returns the slots in use (keys,
-        values, their positions): a plain cache grows with the sequence, a ring stops at its
-        capacity."""
-        self.next_pos += input_pos.numel()
+        """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), the same in every row,
+        continuing the positions written before; keeps the last ``capacity``. Returns the whole
+        ring: keys, values and the positions (B, capacity) their slots hold."""
+        self.filled = min(self.capacity, self.filled + input_pos.numel())
+        self.next_pos = [p + input_pos.numel() for p in self.next_pos]
         if input_pos.numel() > self.capacity:
             input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],
                                v[:, :, -self.capacity:])
-        slots = (input_pos - self.origin) % self.capacity
+        slots = input_pos % self.capacity
         self.k[:, :, slots] = k.to(self.k.dtype)
         self.v[:, :, slots] = v.to(self.v.dtype)
-        self.pos[slots] = input_pos
-        self.filled = min(self.capacity, self.filled + input_pos.numel())
-        n = self.filled
-        return self.k[:, :, :n], self.v[:, :, :n], self.pos[:n]
+        self.pos[:, slots] = input_pos
+        return self.k, self.v, self.pos
+
+    def write(self, pos: Tensor, k: Tensor, v: Tensor) -> None:
+        """One new position per row: ``pos`` (B,) int64, keys/values (B, H, 1, D). Tensor
+        operations only (no host sync, fixed shapes): the decode step's write."""
+        rows = torch.arange(pos.numel(), device=pos.device)
+        slots = pos % self.capacity
+        self.k[rows, :, slots] = k[:, :, 0].to(self.k.dtype)
+        self.v[rows, :, slots] = v[:, :, 0].to(self.v.dtype)
+        self.pos[rows, slots] = pos
+
+    def advance(self) -> None:
+        """Record, host-side, that a decode step wrote one more position in every row."""
+        self.filled = min(self.capacity, self.filled + 1)
+        self.next_pos = [p + 1 for p in self.next_pos]
+
+    @classmethod
+    def stack(cls, caches: Sequence[KVCache]) -> KVCache:
+        """One cache whose rows are the rows of ``caches`` (each filled on its own, for example
+        prompts of different lengths prefilled one by one); rows keep their own positions."""
+        first = caches[0]
+        _, heads, capacity, head_dim = first.k.shape
+        out = cls(sum(c.k.size(0) for c in caches), heads, capacity, head_dim, first.k.dtype,
+                  first.k.device)
+        out.k.copy_(torch.cat([c.k for c in caches]))
+        out.v.copy_(torch.cat([c.v for c in caches]))
+        out.pos.copy_(torch.cat([c.pos for c in caches]))
+        out.filled = max(c.filled for c in caches)
+        out.origin = [p for c in caches for p in c.origin]
+        out.next_pos = [p for c in caches for p in c.next_pos]
+        return out

@@ -124,15 +124,43 @@ class LanguageModel(nn.Module):
             cache.start_at(start_pos)
         return self.head(self.hidden_states(tokens, caches, start_pos))
 
-    def decode_one_token(self, token: Tensor, pos: int, caches: list[KVCache]) -> Tensor:
+    def decode_one_token(self, token: Tensor, pos: int | Tensor, caches: list[KVCache]
+                         ) -> Tensor:
         """Logits (B, V) after ``token`` (B, 1) at absolute position ``pos``, the position after
-        the last one in the caches."""
-        if token.shape[1:] != (1,) or not caches[0].filled:
+        the last one in the caches: an int, or a (B,) tensor where rows stand at different
+        positions (``KVCache.stack``). Checks the call, then runs ``decode_step``."""
+        if token.dim() != 2 or token.size(1) != 1 or not caches[0].filled:
             raise ValueError("decode_one_token takes one (B, 1) token after a prefill")
-        if pos != caches[0].next_pos:
-            raise ValueError(f"decode_one_token at pos={pos}, but the caches continue at "
-                             f"position {caches[0].next_pos}")
-        return self.head(self.hidden_states(token, caches, start_pos=pos))[:, -1]
+        expected = caches[0].next_pos
+        if isinstance(pos, int):
+            if any(p != pos for p in expected):
+                raise ValueError(f"decode_one_token at pos={pos}, but the caches continue at "
+                                 f"position {_positions(expected)}")
+            positions = torch.full((token.size(0),), pos, dtype=torch.long,
+                                   device=token.device)
+        else:
+            positions = pos
+            if positions.tolist() != expected:  # the eager API checks; decode_step does not
+                raise ValueError(f"decode_one_token at pos={positions.tolist()}, but the caches "
+                                 f"continue at positions {expected}")
+        logits = self.decode_step(token, positions, caches, caches[0].slots_in_use(ahead=1))
+        for cache in caches:
+            cache.advance()
+        return logits
+
+    def decode_step(self, token: Tensor, pos: Tensor, caches: list[KVCache],
+                    span: int | None = None) -> Tensor:
+        """The decode step itself: token (B, 1) at positions ``pos`` (B,) int64 -> logits
+        (B, V). Tensor operations of fixed shape only, no host sync and no branch on the caches'
+        state, so ``torch.compile(model.decode_step, fullgraph=True)`` is one graph for every
+        step (``generate(..., compile=True)``). Eager callers may pass ``span``, the leading
+        cache slots in use after this step (``KVCache.slots_in_use``), to attend over only
+        those. It checks nothing: callers that take user input go through
+        ``decode_one_token``."""
+        x = self.embed(token)
+        for block, cache in zip(self.blocks, caches, strict=True):
+            x = block.decode(x, pos, cache, span)
+        return self.head(self.norm(x))[:, -1]
 
     def loss(self, tokens: Tensor) -> Tensor:
         """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;
@@ -149,6 +177,10 @@ class LanguageModel(nn.Module):
         no_decay = [p for p in self.parameters() if p.dim() < 2]
         return [{"params": decay, "weight_decay": weight_decay},
                 {"params": no_decay, "weight_decay": 0.0}]
+
+
+def _positions(positions: list[int]) -> str:
+    return str(positions[0]) if len(set(positions)) == 1 else str(positions)
 
 
 def next_token_loss(logits: Tensor, tokens: Tensor, reduction: str = "mean") -> Tensor:

@@ -63,10 +63,13 @@ class RotaryEmbedding(nn.Module):
         return torch.remainder(chunks.to(torch.float64) @ table, math.tau)
 
     def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x (B, H, R, D), positions (R,) int -> (B, H, R, D)."""
+        """x (B, H, R, D), positions (R,) int, or (B, R) where rows stand at different
+        positions -> (B, H, R, D)."""
         if positions.device.type == "mps":  # no float64 on MPS
             positions = positions.cpu()
-        angles = self.angles(positions.long())  # (R, D/2)
+        angles = self.angles(positions.long())  # ([B,] R, D/2)
+        if angles.dim() == 3:
+            angles = angles[:, None]  # (B, 1, R, D/2): the same angles in every head
         cos = angles.cos().to(device=x.device, dtype=x.dtype)
         sin = angles.sin().to(device=x.device, dtype=x.dtype)
         x1, x2 = x.chunk(2, dim=-1)

@@ -197,7 +197,8 @@ class Architecture:
             if dropout_p > 0.0:
                 return "the native kernel has no dropout (dropout > 0 in training)"
             if q.dtype not in native.DTYPES:
-                return f"the native kernel computes in float32 or float64, not {q.dtype}"
+                return (f"the native kernel computes in float32 or float64 (bfloat16 widened to "
+                        f"float32), not {q.dtype}")
             if not native.load():
                 return "the native kernel could not be built (see the warning above)"
         return None

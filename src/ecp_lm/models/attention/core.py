@@ -64,6 +64,24 @@ class Attention(nn.Module):
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
 
+    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None
+               ) -> Tensor:
+        """One new row per batch row: x (B, 1, d) at absolute positions ``pos`` (B,) int64,
+        written into ``cache`` and attended against its ring: all of it (fixed shapes, tensor
+        operations only: the step ``torch.compile`` turns into one graph), or the first ``span``
+        slots where the caller knows only those are in use (``KVCache.slots_in_use``)."""
+        q = self._heads(self.q_proj(x))  # (B, H, 1, D)
+        k = self._heads(self.k_proj(x))
+        v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        if self.rope is not None:
+            q, k = self.rope(q, pos[:, None]), self.rope(k, pos[:, None])
+        cache.write(pos, k, v)
+        keys, values, slot_pos = cache.k, cache.v, cache.pos
+        if span is not None:
+            keys, values, slot_pos = keys[:, :, :span], values[:, :, :span], slot_pos[:, :span]
+        out = cached_attention(q, keys, values, self.arch.mask, pos[:, None], slot_pos)
+        return self.out_proj(out.transpose(1, 2).reshape(x.size(0), 1, -1))
+
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
         dropout_p = self.dropout if self.training else 0.0
         needs_backward = torch.is_grad_enabled() and q.requires_grad

@@ -198,10 +198,17 @@ def double_attention(q: Tensor, k: Tensor, v: Tensor, rows: Rows,
 
 def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tensor,
                      slot_pos: Tensor) -> Tensor:
-    """New queries against a cache's slots (slot position -1 = empty), masked by the predicate on
-    absolute positions: (B, H, Rq, D) x (B, H, S, D) -> (B, H, Rq, D)."""
-    allowed = (slot_pos >= 0) & materialize(mask, q_pos, slot_pos, q.size(1))  # ([H,] Rq, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
+    """New queries against a cache's slots, masked by the predicate on absolute positions:
+    (B, H, Rq, D) x (B, H, S, D) -> (B, H, Rq, D). ``q_pos``: (Rq,), or (B, Rq) where rows stand
+    at different positions; ``slot_pos`` (B, S), -1 = empty slot. Fixed shapes, no host sync."""
+    q_pos = q_pos.expand(q.size(0), -1)[:, None, :, None]  # (B, 1, Rq, 1)
+    kv_pos = slot_pos[:, None, None, :]  # (B, 1, 1, S)
+    if mask.per_head:
+        heads = torch.arange(q.size(1), device=q.device)[None, :, None, None]
+        allowed = mask(q_pos, kv_pos, heads)
+    else:
+        allowed = mask(q_pos, kv_pos)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed & (kv_pos >= 0))
 
 
 # FlexAttention --------------------------------------------------------------------------------

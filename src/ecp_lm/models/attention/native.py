@@ -46,7 +46,9 @@ from torch import Tensor
 SOURCE = Path(__file__).with_name("csrc") / "band_attention.cpp"
 BLOCK = 64  # query rows per work item for ECP-like rules
 WINDOW_BLOCK = 32  # query rows per work item for sliding windows (see default_block)
-DTYPES = (torch.float32, torch.float64)
+DTYPES = (torch.float32, torch.float64, torch.bfloat16)
+WIDENED = (torch.bfloat16,)
+"""Input dtypes the kernel runs in float32 (every product and sum), the result rounded back."""
 _OPS = "ecp_lm_native"
 STALE_LOCK_S = 600
 
@@ -195,13 +197,17 @@ def band_attention(q: Tensor, k: Tensor, v: Tensor, rule: tuple[int, int, int],
     """q, k, v (B, H, T, D) -> (B, H, T, D): row t attends to the keys lo(t) .. t, where
     lo(t) = max(0, floor((t + shift) / period) · period − shift − back) for the band rule
     ``rule = (period, shift, back)``; ``block`` query rows per work item (None: a default for the
-    rule, see ``default_block``)."""
+    rule, see ``default_block``). float32 and float64 run as they are; bfloat16 inputs are
+    widened to float32 and the output rounded back (``WIDENED``)."""
     b, h, t, d = q.shape
+    dtype = q.dtype
+    if dtype in WIDENED:  # bfloat16 (CPU autocast): accumulate in float32
+        q, k, v = q.float(), k.float(), v.float()
     period, shift, back = (int(x) for x in rule)
     block = default_block((period, shift, back)) if block is None else block
     flat = [x.reshape(b * h, t, d).contiguous() for x in (q, k, v)]
     out, _ = getattr(torch.ops, _OPS).band_attention_forward(*flat, period, shift, back, block)
-    return out.reshape(b, h, t, d)
+    return out.reshape(b, h, t, d).to(dtype)
 
 
 def segment_attention(q: Tensor, k: Tensor, v: Tensor, block: int | None = None) -> Tensor:
