@@ -47,8 +47,9 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -243,17 +244,28 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
     return result
 
 
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` torch CPU threads (None: as it is), then restore them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def _entry_job(budget_name: str, entry: dict[str, Any], out: str, threads: int
                ) -> dict[str, Any]:
-    torch.set_num_threads(threads)
-    return run_entry(BUDGETS[budget_name], entry, Path(out), progress=False)
+    with torch_threads(threads):
+        return run_entry(BUDGETS[budget_name], entry, Path(out), progress=False)
 
 
 def _recall_job(budget_name: str, out: str, threads: int) -> list[dict[str, Any]]:
     from ecp_lm.experiments import mqar
 
-    torch.set_num_threads(threads)
-    return mqar.run_experiment(budget_name, out, progress=False)
+    with torch_threads(threads):
+        return mqar.run_experiment(budget_name, out, progress=False)
 
 
 def run_parallel(budget: str, out: Path, jobs: int, threads: int, progress: bool
@@ -307,22 +319,15 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     budget, out = BUDGETS[budget_name], Path(out)
     if jobs > 1:
         threads = threads or max(1, (os.cpu_count() or 1) // jobs)
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
+    with torch_threads(threads):
         speeds = measure_throughputs(budget, out, progress)
-    finally:
-        torch.set_num_threads(before)
     if jobs > 1:
         results, recall = run_parallel(budget_name, out, jobs, threads, progress)
     else:
-        torch.set_num_threads(threads or before)
-        try:
+        with torch_threads(threads):
             results = resume_entries(entries(budget), out,
                                      lambda entry: run_entry(budget, entry, out, progress),
                                      progress)
-        finally:
-            torch.set_num_threads(before)
         recall = None
         if budget.mqar is not None:
             recall = run_recall(budget.mqar, out / "mqar", progress)
@@ -398,13 +403,8 @@ def run_recall(budget_name: str, out: Path, progress: bool) -> list[dict[str, An
     models are small: one thread does not fight the other for the cores)."""
     from ecp_lm.experiments import mqar
 
-    threads = torch.get_num_threads()
-    if mqar.BUDGETS[budget_name].threads is not None:
-        torch.set_num_threads(mqar.BUDGETS[budget_name].threads)
-    try:
+    with torch_threads(mqar.BUDGETS[budget_name].threads):
         return mqar.run_experiment(budget_name, out, progress=progress)
-    finally:
-        torch.set_num_threads(threads)
 
 
 def sensitivity(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -458,7 +458,7 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
                   "learning rate, validation split):", "",
                   "| arch | steps | training tokens | valid loss | context gain (bits) | "
                   "loss [m,2m) | loss [2m,N) | far − near |", "|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {p.get('arch', FULL_ATTENTION)} | {p['steps']} | {p['train_tokens']:,} | "
+        lines += [f"| {p['arch']} | {p['steps']} | {p['train_tokens']:,} | "
                   f"{p['loss']:.4f} | {_fmt(p.get('context_gain_bits'), '+.4f')} | "
                   f"{_fmt(p['near_loss'])} | {_fmt(p['far_loss'])} | "
                   f"{_fmt(p['far_minus_near'], '+.4f')} |" for p in summary["scaling"]]
