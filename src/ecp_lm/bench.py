@@ -228,9 +228,8 @@ def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
     as a ratio to the eager fp32 step of the same run."""
     rows = []
     for compiled, precision in TRAIN_MODES:
-        mode = replace(spec, compile=compiled, precision=precision)
-        for r in run(archs, seq_lens, mode, progress):
-            rows.append(r)
+        rows += run(archs, seq_lens, replace(spec, compile=compiled, precision=precision),
+                    progress)
     base = {(r["arch"], r["seq_len"]): r for r in rows
             if (r["compiled"], r["precision"]) == TRAIN_MODES[0]}
     for r in rows:

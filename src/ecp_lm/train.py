@@ -94,7 +94,7 @@ def init_distributed(device: str) -> Dist:
 
 def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     """DDP or FSDP across ranks; compiled across ranks with ``compile`` (on one process the
-    whole loss is compiled instead: ``Trainer.loss_sum``)."""
+    whole loss is compiled instead: ``_Loop.loss_sum``)."""
     if cfg.fsdp and dist.world_size > 1:
         from torch.distributed.fsdp import fully_shard
 

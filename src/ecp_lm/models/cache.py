@@ -39,11 +39,16 @@ class KVCache(nn.Module):
         self.register_buffer("pos", torch.full((batch_size, capacity), -1, dtype=torch.long,
                                                device=device), persistent=False)
         self.capacity = capacity
-        # Host-side bookkeeping of the eager API (never read by a decode step): slots in use, and
-        # the position the next write continues at, per row.
-        self.filled = 0
+        # Host-side bookkeeping of the eager API (never read by a decode step): per row, the
+        # first position written and the position the next write continues at.
         self.origin: list[int] = [0] * batch_size
         self.next_pos: list[int] = [0] * batch_size
+
+    @property
+    def filled(self) -> int:
+        """Slots in use: the most positions any row has written, up to the capacity."""
+        written = max(n - o for n, o in zip(self.next_pos, self.origin, strict=True))
+        return min(self.capacity, written)
 
     def start_at(self, origin: int) -> None:
         """Let an empty cache hold a stream whose first position is ``origin``."""
@@ -69,7 +74,6 @@ class KVCache(nn.Module):
         """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), the same in every row,
         continuing the positions written before; keeps the last ``capacity``. Returns the whole
         ring: keys, values and the positions (B, capacity) their slots hold."""
-        self.filled = min(self.capacity, self.filled + input_pos.numel())
         self.next_pos = [p + input_pos.numel() for p in self.next_pos]
         if input_pos.numel() > self.capacity:
             input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],
@@ -91,7 +95,6 @@ class KVCache(nn.Module):
 
     def advance(self) -> None:
         """Record, host-side, that a decode step wrote one more position in every row."""
-        self.filled = min(self.capacity, self.filled + 1)
         self.next_pos = [p + 1 for p in self.next_pos]
 
     @classmethod
@@ -105,7 +108,6 @@ class KVCache(nn.Module):
         out.k.copy_(torch.cat([c.k for c in caches]))
         out.v.copy_(torch.cat([c.v for c in caches]))
         out.pos.copy_(torch.cat([c.pos for c in caches]))
-        out.filled = max(c.filled for c in caches)
         out.origin = [p for c in caches for p in c.origin]
         out.next_pos = [p for c in caches for p in c.next_pos]
         return out

@@ -42,18 +42,25 @@ class Attention(nn.Module):
         b, r, _ = x.shape
         return x.view(b, r, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
 
+    def _project(self, x: Tensor, n_query: int, q_pos: Tensor, kv_pos: Tensor
+                 ) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries of the last ``n_query`` rows of x (B, R, d), keys and values of all of them,
+        in heads (B, H, ·, D), with the rotary embedding at ``q_pos`` and ``kv_pos``."""
+        q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
+        k = self._heads(self.k_proj(x))  # (B, H, R, D)
+        v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        if self.rope is not None:
+            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
+        return q, k, v
+
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
                 ) -> Tensor:
         """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
         Returns (B, n_query, d). With a ``cache``: an empty one is filled (prefill); a filled
         one receives the new rows, which then attend over everything it holds (decode)."""
-        q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
-        k = self._heads(self.k_proj(x))  # (B, H, R, D)
-        v = k if self.v_proj is None else self._heads(self.v_proj(x))
         kv_pos = rows.positions(x.device)
         q_pos = kv_pos[len(rows) - n_query:]
-        if self.rope is not None:
-            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
+        q, k, v = self._project(x, n_query, q_pos, kv_pos)
         if cache is not None and cache.filled:
             keys, values, slot_pos = cache.update(kv_pos, k, v)
             out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
@@ -70,11 +77,7 @@ class Attention(nn.Module):
         written into ``cache`` and attended against its ring: all of it (fixed shapes, tensor
         operations only: the step ``torch.compile`` turns into one graph), or the first ``span``
         slots where the caller knows only those are in use (``KVCache.slots_in_use``)."""
-        q = self._heads(self.q_proj(x))  # (B, H, 1, D)
-        k = self._heads(self.k_proj(x))
-        v = k if self.v_proj is None else self._heads(self.v_proj(x))
-        if self.rope is not None:
-            q, k = self.rope(q, pos[:, None]), self.rope(k, pos[:, None])
+        q, k, v = self._project(x, 1, pos[:, None], pos[:, None])  # (B, H, 1, D) each
         cache.write(pos, k, v)
         keys, values, slot_pos = cache.k, cache.v, cache.pos
         if span is not None:
