@@ -94,6 +94,8 @@ class Budget:
     """Steps at which the budget-scaling run of the full transformer is scored (``--scaling``)."""
     scaling_warmup: int = 1
     """Warm-up steps of the scaling run (its learning rate is constant after them)."""
+    scaling_eval_tokens: int | None = None
+    """Validation bytes each scaling point is scored on (None: ``train["eval_max_tokens"]``)."""
     seeds: dict[str, int] = field(default_factory=lambda: {"ecp": 2, "sliding_window": 2,
                                                            "transformer": 2})
 
@@ -106,10 +108,10 @@ BUDGETS = {
         test_max_tokens=4096, longer=(2,), mqar="tiny", scaling=(2, 4)),
     "small": Budget(
         model=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
-        train=dict(steps=400, batch_size=4, lr=2e-3, warmup_steps=40, eval_every=100,
-                   checkpoint_every=100, log_every=25, eval_max_tokens=262144),
-        test_max_tokens=524288, longer=(2, 4), mqar="small", scaling=(300, 600, 1200, 2400),
-        scaling_warmup=60),
+        train=dict(steps=300, batch_size=4, lr=2e-3, warmup_steps=30, eval_every=100,
+                   checkpoint_every=100, log_every=25, eval_max_tokens=131072),
+        test_max_tokens=262144, longer=(2, 4), mqar="small", scaling=(300, 600, 1200, 2400),
+        scaling_warmup=60, scaling_eval_tokens=262144),
 }
 
 
@@ -368,8 +370,10 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True,
             cfg.train.steps, cfg.train.schedule, cfg.train.halve_every = steps, "halving", 0
             cfg.train.warmup_steps = budget.scaling_warmup
             cfg.train.checkpoint_every = cfg.train.eval_every = min(budget.scaling)
+            limit = budget.scaling_eval_tokens or budget.train["eval_max_tokens"]
+            cfg.train.eval_max_tokens = limit
             train_or_resume(cfg, out / "run", progress)
-            latest, limit = out / "run" / "latest", budget.train["eval_max_tokens"]
+            latest = out / "run" / "latest"
             report = per_position_checkpoint(latest, "valid", max_tokens=limit,
                                              progress=progress)
             gain = context_gain(latest, "valid", budget.model, limit, progress)
