@@ -143,11 +143,18 @@ def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeyp
         model.decode_step, backend="eager", fullgraph=True, dynamic=False))
     out = tmp_path / "decode.json"
     d, layers, m, window = 32, 2, 16, 128
-    assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers", str(layers),
-                     "--n-heads", "2", "--segment-len", str(m), "--decode-lengths", "64",
-                     "--decode-window", str(window), "--json", str(out)]) == 0
+    threads = torch.get_num_threads()
+    try:
+        assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers",
+                         str(layers), "--n-heads", "2", "--segment-len", str(m),
+                         "--decode-lengths", "64", "--decode-window", str(window),
+                         "--threads", "1", "--json", str(out)]) == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
     report = json.loads(out.read_text())
     assert report["train"] == []
+    assert report["meta"]["threads"] == 1
     modes = report["decode_modes"]
     bandwidth = modes["copy_bandwidth_gb_s"] * 1e9
     assert bandwidth > 0
@@ -169,3 +176,4 @@ def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeyp
     assert "compiled ÷ eager" in capsys.readouterr().out
     assert cli_main(["bench", "--decode-only", "--segment-len", "256",
                      "--decode-window", "1000"]) == 2
+    assert cli_main(["bench", "--decode-only", "--threads", "0"]) == 2

@@ -43,6 +43,8 @@ class BenchSpec:
     """Time the training step compiled (``torch.compile`` of the loss, forward and backward)."""
     precision: str = "auto"
     """fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU (``runtime.resolve_precision``)."""
+    threads: int | None = None
+    """CPU threads of every case (None: torch's default, one per core)."""
 
 
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
@@ -91,6 +93,8 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     pass-through would be another compilation) and is None."""
     from ecp_lm.runtime import autocast, resolve_precision
 
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
     torch.manual_seed(0)
     cfg = model_config(arch, seq_len, spec)
     device = torch.device(spec.device)

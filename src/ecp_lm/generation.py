@@ -22,6 +22,7 @@ cache covers its window N; past N it slides the window as above.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -97,12 +98,25 @@ def check_generate_args(model: LanguageModel, prompt: Prompt, max_new_tokens: in
         raise ValueError("a classification model (num_classes set) cannot generate")
 
 
+def decode_compile_options(device: torch.device) -> dict[str, Any]:
+    """Inductor options of the compiled decode step. On CPU, where a batch-1 step is a few dozen
+    small kernels and per-call overhead is most of its time: the C++ wrapper (the kernels are
+    called from one compiled function rather than a Python frame each), and no guards on the
+    attributes of torch's built-in modules (Linear, LayerNorm, Embedding: checked on every call,
+    and fixed once a model is built; parameter values are inputs, read on every call)."""
+    if device.type != "cpu":
+        return {}
+    return {"cpp_wrapper": True,
+            "guard_filter_fn": torch.compiler.skip_guard_on_inbuilt_nn_modules_unsafe}
+
+
 def compiled_decode_step(model: LanguageModel) -> Callable[..., Tensor]:
     """``model.decode_step`` compiled once per model (``torch.compile``, one graph without
-    breaks: fixed shapes, no host sync); later calls reuse it."""
+    breaks: fixed shapes, no host sync, ``decode_compile_options``); later calls reuse it."""
     step = model.__dict__.get("_compiled_decode_step")
     if step is None:
-        step = torch.compile(model.decode_step, fullgraph=True, dynamic=False)
+        options = decode_compile_options(model.embed.weight.device)
+        step = torch.compile(model.decode_step, fullgraph=True, dynamic=False, options=options)
         model.__dict__["_compiled_decode_step"] = step
     return step
 

@@ -36,6 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed steps per case; the median is kept (default: 3)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--threads", type=int, metavar="T",
+                        help="CPU threads of every case (default: torch's, one per core; a "
+                             "batch-1 decode step on a small model can be faster on one)")
     parser.add_argument("--compile", action="store_true",
                         help="time compiled training steps (torch.compile of the loss: forward "
                              "and backward)")
@@ -68,9 +71,13 @@ def run(args: argparse.Namespace) -> int:
     from ecp_lm import bench
     from ecp_lm.cli.complexity import parse_archs
 
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads {args.threads} must be at least 1")
     spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
                            args.batch_size, args.warmup, args.repeats, args.device,
-                           args.compile, args.precision)
+                           args.compile, args.precision, args.threads)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     archs = parse_archs(args.archs)
     if args.decode_only:
         args.decode = True

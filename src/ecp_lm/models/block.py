@@ -52,11 +52,11 @@ class Block(nn.Module):
     def feed_forward(self, x: Tensor) -> Tensor:
         return x + self.dropout(self.ff(self.ff_norm(x)))
 
-    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None
-               ) -> Tensor:
+    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
+               rotation: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """One token per batch row at positions ``pos`` (B,) against ``cache`` (see
         ``Attention.decode``): (B, 1, d) -> (B, 1, d)."""
-        x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span))
+        x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
         return self.feed_forward(x)
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None

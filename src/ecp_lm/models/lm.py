@@ -158,8 +158,11 @@ class LanguageModel(nn.Module):
         those. It checks nothing: callers that take user input go through
         ``decode_one_token``."""
         x = self.embed(token)
+        rope, rotation = self.blocks[0].attn.rope, None
+        if rope is not None:  # one (cos, sin) at ``pos`` for every layer's queries and keys
+            rotation = rope.rotation(pos[:, None], caches[0].k.dtype, x.device)
         for block, cache in zip(self.blocks, caches, strict=True):
-            x = block.decode(x, pos, cache, span)
+            x = block.decode(x, pos, cache, span, rotation)
         return self.head(self.norm(x))[:, -1]
 
     def loss(self, tokens: Tensor) -> Tensor:

@@ -62,15 +62,27 @@ class RotaryEmbedding(nn.Module):
                               for j in range(N_CHUNKS)], dim=-1)  # (R, N_CHUNKS)
         return torch.remainder(chunks.to(torch.float64) @ table, math.tau)
 
-    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
-        """x (B, H, R, D), positions (R,) int, or (B, R) where rows stand at different
-        positions -> (B, H, R, D)."""
+    def rotation(self, positions: Tensor, dtype: torch.dtype, device: torch.device
+                 ) -> tuple[Tensor, Tensor]:
+        """cos and sin of the angles at ``positions`` (R,) or (B, R), as (R, D/2) or
+        (B, 1, R, D/2) (the same angles in every head), in ``dtype`` on ``device``: computed once
+        per step, they rotate queries and keys in every layer (``rotate``)."""
         if positions.device.type == "mps":  # no float64 on MPS
             positions = positions.cpu()
         angles = self.angles(positions.long())  # ([B,] R, D/2)
         if angles.dim() == 3:
-            angles = angles[:, None]  # (B, 1, R, D/2): the same angles in every head
-        cos = angles.cos().to(device=x.device, dtype=x.dtype)
-        sin = angles.sin().to(device=x.device, dtype=x.dtype)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+            angles = angles[:, None]
+        return (angles.cos().to(device=device, dtype=dtype),
+                angles.sin().to(device=device, dtype=dtype))
+
+    def forward(self, x: Tensor, positions: Tensor) -> Tensor:
+        """x (B, H, R, D), positions (R,) int, or (B, R) where rows stand at different
+        positions -> (B, H, R, D)."""
+        return rotate(x, self.rotation(positions, x.dtype, x.device))
+
+
+def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
+    """x (B, H, R, D) rotated by ``RotaryEmbedding.rotation``'s (cos, sin)."""
+    cos, sin = rotation
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)

@@ -18,7 +18,7 @@ from ecp_lm.models.attention.kernels import (
     reference_attention,
 )
 from ecp_lm.models.cache import KVCache
-from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.rope import RotaryEmbedding, rotate
 from ecp_lm.models.rows import Rows
 
 if TYPE_CHECKING:
@@ -42,15 +42,12 @@ class Attention(nn.Module):
         b, r, _ = x.shape
         return x.view(b, r, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
 
-    def _project(self, x: Tensor, n_query: int, q_pos: Tensor, kv_pos: Tensor
-                 ) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, n_query: int) -> tuple[Tensor, Tensor, Tensor]:
         """Queries of the last ``n_query`` rows of x (B, R, d), keys and values of all of them,
-        in heads (B, H, ·, D), with the rotary embedding at ``q_pos`` and ``kv_pos``."""
+        in heads (B, H, ·, D), before the rotary embedding."""
         q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
         k = self._heads(self.k_proj(x))  # (B, H, R, D)
         v = k if self.v_proj is None else self._heads(self.v_proj(x))
-        if self.rope is not None:
-            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
         return q, k, v
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
@@ -60,7 +57,9 @@ class Attention(nn.Module):
         one receives the new rows, which then attend over everything it holds (decode)."""
         kv_pos = rows.positions(x.device)
         q_pos = kv_pos[len(rows) - n_query:]
-        q, k, v = self._project(x, n_query, q_pos, kv_pos)
+        q, k, v = self._project(x, n_query)
+        if self.rope is not None:
+            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
         if cache is not None and cache.filled:
             keys, values, slot_pos = cache.update(kv_pos, k, v)
             out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
@@ -71,13 +70,19 @@ class Attention(nn.Module):
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
 
-    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None
-               ) -> Tensor:
+    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
+               rotation: tuple[Tensor, Tensor] | None = None) -> Tensor:
         """One new row per batch row: x (B, 1, d) at absolute positions ``pos`` (B,) int64,
         written into ``cache`` and attended against its ring: all of it (fixed shapes, tensor
         operations only: the step ``torch.compile`` turns into one graph), or the first ``span``
-        slots where the caller knows only those are in use (``KVCache.slots_in_use``)."""
-        q, k, v = self._project(x, 1, pos[:, None], pos[:, None])  # (B, H, 1, D) each
+        slots where the caller knows only those are in use (``KVCache.slots_in_use``).
+        ``rotation``: the rotary embedding's (cos, sin) at ``pos``, computed once per step for
+        every layer (``RotaryEmbedding.rotation``); computed here if None."""
+        q, k, v = self._project(x, 1)  # (B, H, 1, D) each
+        if self.rope is not None:
+            if rotation is None:
+                rotation = self.rope.rotation(pos[:, None], q.dtype, q.device)
+            q, k = rotate(q, rotation), rotate(k, rotation)
         cache.write(pos, k, v)
         keys, values, slot_pos = cache.k, cache.v, cache.pos
         if span is not None:
