@@ -17,10 +17,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        from transformers.utils import logging
+
         from ecp_lm.hf.export import export_checkpoint
     except ImportError as err:
         raise ValueError(f"ecp export needs Hugging Face transformers ({err}); install it "
                          f"with: pip install 'ecp-lm[hf]'") from None
+    logging.disable_progress_bar()  # a one-file folder: its progress bar is only noise
     files = export_checkpoint(args.ckpt, args.out)
     print(f"wrote {args.out}: {', '.join(files)}")
     print("load it with: import ecp_lm.hf; "
@@ -28,5 +31,5 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMAND = Command("write a checkpoint as a Hugging Face transformers model folder "
-                  "(from_pretrained, generate, pipelines)", add_arguments, run)
+COMMAND = Command("write a checkpoint as a Hugging Face transformers model folder",
+                  add_arguments, run)
