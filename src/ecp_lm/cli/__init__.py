@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import yaml
 
 from ecp_lm import __version__
-from ecp_lm.cli import bench, complexity, data, demo, evaluate, generate, plot, train
+from ecp_lm.cli import bench, complexity, data, demo, evaluate, export, generate, plot, train
 from ecp_lm.cli.base import PROG, Command, interrupted_line
 from ecp_lm.data.fetch import FetchError
 
@@ -27,6 +27,7 @@ COMMANDS: dict[str, Command] = {
     "train": train.COMMAND,
     "eval": evaluate.COMMAND,
     "generate": generate.COMMAND,
+    "export": export.COMMAND,
     "plot": plot.COMMAND,
     "complexity": complexity.COMMAND,
     "bench": bench.COMMAND,

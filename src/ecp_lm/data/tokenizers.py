@@ -85,6 +85,11 @@ class Tokenizer(abc.ABC):
     def save(self, directory: Path) -> Path:
         """Write `directory/tokenizer.json` and return its path."""
 
+    @abc.abstractmethod
+    def core(self) -> _HFCore:
+        """The same ids as a Hugging Face `tokenizers.Tokenizer` (what `ecp export` hands to
+        transformers)."""
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}(kind={self.kind!r}, vocab_size={self.vocab_size})"
 
@@ -114,6 +119,13 @@ class ByteTokenizer(Tokenizer):
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(_BYTES_MARKER) + "\n", encoding="utf-8")
         return path
+
+    def core(self) -> _HFCore:
+        """Byte-level pre-tokenization (each byte to one printable character, GPT-2's map) and
+        a BPE without merges whose vocabulary gives each byte's character the byte's value."""
+        to_unicode = bytes_to_unicode()
+        vocab = {to_unicode[b]: b for b in range(256)}
+        return _byte_level_core(models.BPE(vocab=vocab, merges=[]), split_gpt2_regex=False)
 
 
 class HFTokenizer(Tokenizer):
@@ -159,6 +171,9 @@ class HFTokenizer(Tokenizer):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.tokenizer.save(str(path), pretty=False)
         return path
+
+    def core(self) -> _HFCore:
+        return self.tokenizer
 
 
 def _byte_level_core(model: models.Model, split_gpt2_regex: bool) -> _HFCore:

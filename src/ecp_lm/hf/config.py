@@ -1,0 +1,58 @@
+"""``EcpLmConfig``: the Hugging Face configuration of an ecp-lm model.
+
+It holds exactly the fields of ``ModelConfig`` under the same names (``config.json`` reads like
+``config.yaml``'s ``model:`` section), validated by building the ``ModelConfig`` they describe,
+so an invalid combination raises the same ``ValueError`` as ``ModelConfig`` itself.
+``tie_word_embeddings``, the name transformers reads, mirrors ``tie_embeddings``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+from typing import Any, ClassVar
+
+from transformers import PretrainedConfig
+
+from ecp_lm.config import ModelConfig
+
+MODEL_TYPE = "ecp_lm"
+FIELDS = tuple(f.name for f in fields(ModelConfig))
+_DEFAULTS = ModelConfig().to_dict()  # every default is a plain value (no factories)
+
+
+class EcpLmConfig(PretrainedConfig):
+    """The fields of ``ModelConfig`` (documented in ``ecp_lm.config``), one to one."""
+
+    model_type = MODEL_TYPE
+    attribute_map: ClassVar[dict[str, str]] = {
+        "hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"}
+
+    def __init__(self, arch: str = _DEFAULTS["arch"], vocab_size: int = _DEFAULTS["vocab_size"],
+                 d_model: int = _DEFAULTS["d_model"], n_layers: int = _DEFAULTS["n_layers"],
+                 n_heads: int = _DEFAULTS["n_heads"], seq_len: int = _DEFAULTS["seq_len"],
+                 latent_len: int | None = None, num_segments: int = _DEFAULTS["num_segments"],
+                 compressed_len: int | None = None, window: int | None = None,
+                 ff_mult: int = _DEFAULTS["ff_mult"], dropout: float = _DEFAULTS["dropout"],
+                 rope: str = _DEFAULTS["rope"], tied_kv: bool = _DEFAULTS["tied_kv"],
+                 tie_embeddings: bool = _DEFAULTS["tie_embeddings"],
+                 attn_impl: str = _DEFAULTS["attn_impl"], num_classes: int | None = None,
+                 **kwargs: Any):
+        values = dict(arch=arch, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
+                      n_heads=n_heads, seq_len=seq_len, latent_len=latent_len,
+                      num_segments=num_segments, compressed_len=compressed_len, window=window,
+                      ff_mult=ff_mult, dropout=dropout, rope=rope, tied_kv=tied_kv,
+                      tie_embeddings=tie_embeddings, attn_impl=attn_impl,
+                      num_classes=num_classes)
+        # Validated, with the architecture's own defaults (latent_len, window, ...) filled in.
+        for name, value in ModelConfig(**values).to_dict().items():
+            setattr(self, name, value)
+        kwargs["tie_word_embeddings"] = tie_embeddings
+        super().__init__(**kwargs)
+
+    @classmethod
+    def from_model_config(cls, cfg: ModelConfig, **kwargs: Any) -> EcpLmConfig:
+        return cls(**cfg.to_dict(), **kwargs)
+
+    def to_model_config(self) -> ModelConfig:
+        """The ``ModelConfig`` these fields describe."""
+        return ModelConfig(**{name: getattr(self, name) for name in FIELDS})
