@@ -104,6 +104,8 @@ def test_plot_command(tmp_path, capsys):
 def test_bench_command_writes_json(tmp_path, capsys, native_kernel):
     import json
 
+    import torch
+
     from ecp_lm.cli import main as cli_main
 
     out = tmp_path / "out.json"
@@ -115,6 +117,7 @@ def test_bench_command_writes_json(tmp_path, capsys, native_kernel):
     # On CPU the native kernel builds in the test environment (the native_kernel fixture):
     # reporting the flash fallback here would be a silent substitute.
     assert report["meta"]["kernels"] == {"ecp": "native", "transformer": "flash"}
+    assert report["meta"]["threads"] == torch.get_num_threads()  # torch's default, recorded
     rows = report["train"]
     assert [(r["arch"], r["seq_len"]) for r in rows] == [
         ("ecp", 256), ("transformer", 256), ("ecp", 512), ("transformer", 512)]

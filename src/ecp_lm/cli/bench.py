@@ -97,7 +97,7 @@ def run(args: argparse.Namespace) -> int:
         results = bench.run(archs, args.seq_lens, spec)
         print(bench.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
-                       "threads": torch.get_num_threads(), **vars(spec),
+                       **vars(spec), "threads": torch.get_num_threads(),
                        "kernels": {r["arch"]: r["kernel"] for r in results}},
               "train": results}
     if args.decode:
