@@ -19,6 +19,7 @@ from ecp_lm.models.rows import Rows
 
 if TYPE_CHECKING:
     from ecp_lm.models.archs.base import Architecture
+    from ecp_lm.models.context_parallel import ContextGroup
 
 
 class FeedForward(nn.Module):
@@ -43,10 +44,10 @@ class Block(nn.Module):
         self.ff = FeedForward(cfg)
         self.dropout = nn.Dropout(cfg.dropout)
 
-    def attend(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
-               ) -> tuple[Tensor, Rows]:
+    def attend(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
+               context: ContextGroup | None = None) -> tuple[Tensor, Rows]:
         """The attention sub-layer with its residual: (B, R, d) -> (B, n_query, d)."""
-        update = self.attn(self.attn_norm(x), rows, n_query, cache)
+        update = self.attn(self.attn_norm(x), rows, n_query, cache, context)
         return x[:, x.size(1) - n_query:] + self.dropout(update), rows.tail(n_query)
 
     def feed_forward(self, x: Tensor) -> Tensor:
@@ -59,7 +60,7 @@ class Block(nn.Module):
         x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
         return self.feed_forward(x)
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
-                ) -> tuple[Tensor, Rows]:
-        x, rows = self.attend(x, rows, n_query, cache)
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
+                context: ContextGroup | None = None) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query, cache, context)
         return self.feed_forward(x), rows

@@ -15,6 +15,7 @@ from torch import Tensor, nn
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.archs import architecture
 from ecp_lm.models.cache import KVCache
+from ecp_lm.models.context_parallel import ContextGroup
 from ecp_lm.models.rope import RotaryEmbedding
 
 
@@ -49,16 +50,19 @@ class LanguageModel(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def hidden_states(self, tokens: Tensor, caches: list[KVCache] | None = None,
-                      start_pos: int = 0) -> Tensor:
+                      start_pos: int = 0, context: ContextGroup | None = None) -> Tensor:
         """tokens (B, T) int64 at positions ``start_pos`` .. -> final-normed hidden states of the
         predicted positions, (B, P, d) (P as in ``forward``). With ``caches`` (architectures
         with a cache) their keys/values go into the caches (see ``prefill``); a decode step into
         filled caches may continue at any position, a window only where ``check_start_pos``
-        allows."""
+        allows. With a ``context`` group, tokens are this rank's shard of a window split across
+        the group's ranks (``ContextGroup.shard``; every rank of the group calls together)."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
                              f"{tuple(tokens.shape)} dtype {tokens.dtype}")
         t = tokens.size(1)
+        if context is not None:
+            self.check_context(t, context, start_pos, caches)
         if caches is None or not caches[0].filled:
             self.arch.check_start_pos(start_pos)
         self.arch.check_length(start_pos + t)
@@ -67,8 +71,19 @@ class LanguageModel(nn.Module):
         x = self.dropout(self.embed(tokens))  # (B, T, d)
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
-            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted), cache)
+            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted), cache, context)
         return self.norm(x[:, x.size(1) - n_predicted:])
+
+    def check_context(self, shard_len: int, context: ContextGroup, start_pos: int,
+                      caches: list[KVCache] | None = None) -> None:
+        """Refuses a context-parallel call this architecture cannot compute exactly
+        (ValueError): the window of K shards of ``shard_len`` must suit its halo."""
+        if caches is not None:
+            raise ValueError("context parallelism is for whole windows, not cached decoding")
+        self.arch.check_context(shard_len * context.size, context.size)
+        if start_pos != context.index * shard_len:
+            raise ValueError(f"shard {context.index} of {context.size} starts at position "
+                             f"{context.index * shard_len}, not start_pos={start_pos}")
 
     def _check_token_ids(self, tokens: Tensor) -> None:
         """Out-of-range ids as a ValueError, in eager mode on CPU only. Reading the ids back is a
@@ -82,15 +97,17 @@ class LanguageModel(nn.Module):
             raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
                              f"got min {lo} max {hi}")
 
-    def forward(self, tokens: Tensor, start_pos: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, start_pos: int = 0, context: ContextGroup | None = None
+                ) -> Tensor:
         """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = min(latent_len, T)
         for the perceiver family and T for every other architecture; or (B, num_classes) with a
         classification head (over the mean hidden state of the predicted positions).
 
         ``start_pos``: the absolute position of the first token, where the architecture allows
         one other than 0 (ecp: any multiple of m, computing the same function as at 0); a
-        ValueError otherwise."""
-        hidden = self.hidden_states(tokens, start_pos=start_pos)
+        ValueError otherwise. ``context``: tokens are one shard of a window split across ranks
+        (``hidden_states``); the logits are those of the shard's positions."""
+        hidden = self.hidden_states(tokens, start_pos=start_pos, context=context)
         if self.cfg.num_classes is not None:
             return self.head(hidden.mean(dim=1))
         return self.head(hidden)
@@ -165,10 +182,15 @@ class LanguageModel(nn.Module):
             x = block.decode(x, pos, cache, span, rotation)
         return self.head(self.norm(x))[:, -1]
 
-    def loss(self, tokens: Tensor) -> Tensor:
+    def loss(self, tokens: Tensor, context: ContextGroup | None = None) -> Tensor:
         """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;
-        ``tokens`` is (B, T + 1): the inputs followed by one more target token."""
-        return next_token_loss(self(tokens[:, :-1]), tokens)
+        ``tokens`` is (B, T + 1): the inputs followed by one more target token. With a
+        ``context`` group, the mean over this rank's shard of the window (the window's mean is
+        the mean over the group's ranks: context_parallel.py)."""
+        if context is None:
+            return next_token_loss(self(tokens[:, :-1]), tokens)
+        shard, start_pos = context.shard(tokens)
+        return next_token_loss(self(shard[:, :-1], start_pos, context), shard)
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())

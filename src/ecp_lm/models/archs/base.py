@@ -132,6 +132,22 @@ class Architecture:
             raise ValueError(f"start_pos={start_pos}: arch={self.cfg.arch!r} numbers positions "
                              "within its window, so a window starts at position 0")
 
+    @property
+    def halo_len(self) -> int | None:
+        """Context parallelism: the rows of keys and values a shard needs from the shard before
+        it in every layer (models/context_parallel.py); None where attention reaches back without
+        bound, so there is no halo form."""
+        return None
+
+    def check_context(self, t: int, k: int) -> None:
+        """Refuses to split a window of ``t`` positions into ``k`` context-parallel shards where
+        the shards would not compute this architecture's function (ValueError)."""
+        if k > 1 and self.halo_len is None:
+            raise ValueError(f"arch={self.cfg.arch!r} has no context-parallel form: its "
+                             "attention reaches back without bound, so a shard would need every "
+                             "earlier shard's keys (context_parallel works for ecp, "
+                             "sliding_window, block_local and s2)")
+
     def input_rows(self, t: int, start_pos: int = 0) -> Rows:
         """The positions held by the rows of an input of length ``t`` whose first token is at
         ``start_pos`` (a cached decode step may continue at any position)."""
@@ -271,10 +287,34 @@ class BandArchitecture(Architecture):
         """The first position any head of query position ``t`` sees, in one layer."""
         return min(band_start(rule, t) for _, rule in self.band_rules())
 
+    @property
+    def halo_len(self) -> int:
+        # lo(t) only grows with t, so a shard's first query reaches back furthest; rounded up to
+        # the period so that the keys, halo included, start where the pattern starts.
+        start = self.period * (2 + self.cache_capacity // self.period)
+        reach = start - self.reach(start)
+        return -(-reach // self.period) * self.period
+
+    def check_context(self, t: int, k: int) -> None:
+        if k == 1:
+            return
+        period, halo = self.period, self.halo_len
+        if t % (k * period):
+            raise ValueError(f"T={t} is not a multiple of K*{self.period_name}={k * period} "
+                             f"(K={k} context-parallel shards of whole periods of "
+                             f"{self.period_text()})")
+        if t // k < halo:
+            raise ValueError(f"T={t} in K={k} shards of {t // k} positions: arch="
+                             f"{self.cfg.arch!r} needs the last {halo} positions before a shard, "
+                             "more than the shard before it holds")
+
     def check_start_pos(self, start_pos: int) -> None:
         if start_pos < 0 or start_pos % self.period:
             raise ValueError(f"start_pos={start_pos} is not a non-negative multiple of "
                              f"{self.period_text()}")
+
+    period_name = "period"
+    """The config's name for ``period`` in messages."""
 
     def period_text(self) -> str:
         return f"{self.period} (arch={self.cfg.arch!r} repeats its pattern every {self.period} " \
@@ -288,12 +328,18 @@ class BandArchitecture(Architecture):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
-        # Every position is predicted, so queries and keys are the same rows; the kernels cut
-        # them into the pattern from the first row: exact when that row starts a period.
-        assert rows.main.start % self.period == 0 and q.size(-2) == k.size(-2) == len(rows)
+        # The kernels take queries and keys at the same rows, cut into the pattern from the first
+        # row: exact when that row starts a period. Keys before the first query (a context-
+        # parallel halo) get zero queries, whose outputs are dropped: they add no gradient.
+        assert rows.main.start % self.period == 0 and k.size(-2) == len(rows)
+        halo = k.size(-2) - q.size(-2)
+        if halo:
+            q = torch.nn.functional.pad(q, (0, 0, halo, 0))
         if kernel == "native":
-            return self.per_head_rule(native.band_attention, q, k, v)
-        return self.attend_portable(q, k, v, dropout_p, kernel)
+            out = self.per_head_rule(native.band_attention, q, k, v)
+        else:
+            out = self.attend_portable(q, k, v, dropout_p, kernel)
+        return out[:, :, halo:] if halo else out
 
     def per_head_rule(self, fn: Callable[[Tensor, Tensor, Tensor, BandRule], Tensor], q: Tensor,
                       k: Tensor, v: Tensor) -> Tensor:
@@ -326,6 +372,8 @@ class SegmentedBand(BandArchitecture):
     @classmethod
     def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
         return {"num_segments": whole_segments(seq_len, segment_len)}
+
+    period_name = "segment_len"
 
     @property
     def period(self) -> int:

@@ -36,6 +36,8 @@ class BlockLocal(WindowedBand):
     def period(self) -> int:
         return self.cfg.window
 
+    period_name = "window"
+
     def period_text(self) -> str:
         return f"window={self.period} (block_local's blocks are aligned to position 0)"
 

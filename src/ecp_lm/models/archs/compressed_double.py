@@ -30,8 +30,8 @@ class CompressingBlock(Block):
         nn.init.normal_(self.compress.weight, 0.0, self.history_len ** -0.5)
         nn.init.zeros_(self.compress.bias)
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: None = None
-                ) -> tuple[Tensor, Rows]:
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: None = None,
+                context: None = None) -> tuple[Tensor, Rows]:
         x, rows = self.attend(x, rows, n_query)
         x, rows = self.compress_history(x, rows)
         return self.feed_forward(x), rows

@@ -23,6 +23,7 @@ from ecp_lm.models.rows import Rows
 
 if TYPE_CHECKING:
     from ecp_lm.models.archs.base import Architecture
+    from ecp_lm.models.context_parallel import ContextGroup
 
 
 class Attention(nn.Module):
@@ -50,11 +51,13 @@ class Attention(nn.Module):
         v = k if self.v_proj is None else self._heads(self.v_proj(x))
         return q, k, v
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None
-                ) -> Tensor:
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
+                context: ContextGroup | None = None) -> Tensor:
         """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
         Returns (B, n_query, d). With a ``cache``: an empty one is filled (prefill); a filled
-        one receives the new rows, which then attend over everything it holds (decode)."""
+        one receives the new rows, which then attend over everything it holds (decode). With a
+        ``context`` group, x is one shard of a window and the keys and values get the previous
+        shard's halo (context_parallel.py)."""
         kv_pos = rows.positions(x.device)
         q_pos = kv_pos[len(rows) - n_query:]
         q, k, v = self._project(x, n_query)
@@ -66,6 +69,8 @@ class Attention(nn.Module):
         else:
             if cache is not None:
                 cache.update(kv_pos, k, v)
+            if context is not None:
+                k, v, rows = context.extend(k, v, rows, self.arch.halo_len)
             out = self._attend(q, k, v, rows)  # (B, H, Rq, D)
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
@@ -91,6 +96,7 @@ class Attention(nn.Module):
         return self.out_proj(out.transpose(1, 2).reshape(x.size(0), 1, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
+        """q: the last Rq of the key rows ``rows``."""
         dropout_p = self.dropout if self.training else 0.0
         needs_backward = torch.is_grad_enabled() and q.requires_grad
         kernel = self.arch.kernel_for(self.impl, q, dropout_p, needs_backward)
