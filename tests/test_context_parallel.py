@@ -12,12 +12,14 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 
+from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.models.context_parallel import ContextGroup, average_gradients
 from ecp_lm.models.lm import next_token_loss
-from helpers import random_tokens, sharp_model
+from ecp_lm.train import train
+from helpers import random_tokens, sharp_model, tiny_run_config
 from test_distributed import free_port
 
-BATCH = 2
+BATCH, STEPS = 2, 3
 # name: (arch, ModelConfig overrides, T). TINY: N = 32, m = 8; sliding_window w = 13 (a halo
 # of 12, so shards of at least 12 positions); block_local b = 16; s2 groups of 8.
 CASES = {
@@ -53,10 +55,21 @@ def run_case(name: str, context: ContextGroup, data_index: int = 0, data_size: i
             "grads": {k: p.grad for k, p in model.named_parameters()}}
 
 
+def train_config(tmp_path, batch_size: int, context_parallel: int = 1):
+    return tiny_run_config(tmp_path, "ecp", ["train.device=cpu",
+                                             f"train.context_parallel={context_parallel}"],
+                           steps=STEPS, batch_size=batch_size, eval_max_tokens=600)
+
+
 def worker(rank: int, world: int, port: int, tmp_path) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=world)
+    # Training: context groups of two ranks; with four ranks, two data-parallel groups.
+    result = train(train_config(tmp_path, BATCH, context_parallel=2), tmp_path / "run",
+                   progress=False)
+    trained = {k: v.clone() for k, v in result.model.state_dict().items()}
     context = ContextGroup.of()
     report = {name: run_case(name, context) for name in CASES}
     if world == 4:  # a 2-D mesh: data x context, two by two
@@ -65,6 +78,7 @@ def worker(rank: int, world: int, port: int, tmp_path) -> None:
         data_index = mesh.get_local_rank("data")
         report["data-2x-context-2"] = run_case("ecp", context, data_index, data_size=2)
         report["data-2x-context-2"]["context"] = (context.ranks, context.index)
+    report["trained"] = trained
     torch.save(report, tmp_path / f"rank{rank}.pt")
     dist.destroy_process_group()
 
@@ -73,8 +87,12 @@ def worker(rank: int, world: int, port: int, tmp_path) -> None:
 def ranks(request, tmp_path_factory):
     world = request.param
     tmp_path = tmp_path_factory.mktemp(f"context{world}")
+    tiny_run_config(tmp_path)  # writes the corpus once, before the workers start
     mp.spawn(worker, args=(world, free_port(), tmp_path), nprocs=world, join=True)
-    return [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for report in ranks:
+        report["tmp_path"] = tmp_path
+    return ranks
 
 
 def single_process(name: str, batch: int = BATCH):
@@ -113,6 +131,38 @@ def test_data_and_context_parallel_equal_one_process_on_the_combined_batch(ranks
         torch.testing.assert_close(got["loss"], loss, **GRAD_TOL)
         for key, grad in grads.items():
             torch.testing.assert_close(got["grads"][key], grad, **GRAD_TOL, msg=key)
+
+
+def test_training_equals_one_process_on_the_combined_batch(ranks):
+    """torchrun with train.context_parallel=2: two ranks share each window; with four, two
+    data-parallel groups of two take a batch each. The weights after a few steps equal one
+    process's on the combined batch, and the checkpoint (rank 0's) loads without context
+    parallelism."""
+    tmp_path, data_size = ranks[0]["tmp_path"], len(ranks) // 2
+    single = train(train_config(tmp_path, BATCH * data_size), tmp_path / "single",
+                   progress=False)
+    # AdamW divides by the gradient's running norm: where a gradient is near zero, rounding
+    # (sums in another order across four ranks) moves a weight by up to ~1e-5 in three steps;
+    # a wrong shard or halo moves nearly every weight by about lr = 1e-3.
+    for report in ranks:
+        for key, tensor in single.model.state_dict().items():
+            torch.testing.assert_close(report["trained"][key], tensor, atol=5e-5, rtol=1e-5,
+                                       msg=key)
+    saved = read_checkpoint(tmp_path / "run" / "latest")
+    assert saved.meta["step"] == STEPS and saved.meta["tokens_seen"] == single.tokens_seen
+    for key, tensor in saved.load_model().state_dict().items():
+        assert torch.equal(tensor, ranks[0]["trained"][key]), key
+
+
+def test_training_refuses_what_it_cannot_split(tmp_path):
+    with pytest.raises(ValueError, match="context_parallel=2 does not divide the world size 1"):
+        train(train_config(tmp_path, BATCH, context_parallel=2), tmp_path / "run")
+    cfg = tiny_run_config(tmp_path, "transformer",
+                          ["train.device=cpu", "train.context_parallel=2"])
+    with pytest.raises(ValueError, match="arch='transformer' has no context-parallel form"):
+        train(cfg, tmp_path / "transformer")
+    with pytest.raises(ValueError, match="train.context_parallel=0 must be >= 1"):
+        tiny_run_config(tmp_path, "ecp", ["train.context_parallel=0"])
 
 
 # Errors: found before any message is sent, so one process can see them --------------------------

@@ -98,10 +98,15 @@ class TrainConfig:
     """auto (cuda if available, else cpu), cpu, cuda, cuda:N."""
     fsdp: bool = False
     """Shard parameters with FSDP (fully_shard) instead of replicating them with DDP."""
+    context_parallel: int = 1
+    """Ranks that share one window, each computing K contiguous shards of it and exchanging a
+    halo of keys and values with its neighbours (models/context_parallel.py): under torchrun,
+    K divides the world size, and the world size / K groups are data-parallel. ecp,
+    sliding_window, block_local and s2 only; seq_len a multiple of K times their period."""
 
     def __post_init__(self) -> None:
         for name in ("steps", "batch_size", "grad_accum", "eval_every", "checkpoint_every",
-                     "log_every", "eval_batch_size"):
+                     "log_every", "eval_batch_size", "context_parallel"):
             if getattr(self, name) < 1:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 1")
         if self.eval_max_tokens is not None and self.eval_max_tokens < 1:

@@ -26,21 +26,40 @@ from ecp_lm.evaluate import (
     scored_text,
 )
 from ecp_lm.models.archs import architecture
+from ecp_lm.models.context_parallel import ContextGroup
 from ecp_lm.models.lm import next_token_loss
 from ecp_lm.runconfig import RunConfig
 
 
 @dataclass
 class Dist:
-    """This process's place in a (possibly single-process) data-parallel run."""
+    """This process's place in a (possibly single-process) data-parallel run; with context
+    parallelism, in a 2-D mesh of world_size / K data-parallel groups of K ranks that share one
+    window (ranks r·K .. r·K + K - 1 form group r)."""
 
     rank: int = 0
     world_size: int = 1
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    context: ContextGroup | None = None
+    """This rank's context-parallel group (None: every rank has its own windows)."""
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    @property
+    def context_size(self) -> int:
+        return 1 if self.context is None else self.context.size
+
+    @property
+    def data_rank(self) -> int:
+        """Which data shard this rank trains on (shared by its context group)."""
+        return self.rank // self.context_size
+
+    @property
+    def data_size(self) -> int:
+        """Data-parallel groups: how many different batches one step takes."""
+        return self.world_size // self.context_size
 
     def barrier(self) -> None:
         if self.world_size > 1:
@@ -56,7 +75,8 @@ class LanguageModelling:
                                     progress)
         self.tokenizer: Tokenizer | None = self.cache.tokenizer()
         self.windows = TrainWindows(self.cache.tokens("train"), model.seq_len, train.batch_size,
-                                    train.seed, dist.rank, dist.world_size)
+                                    train.seed, dist.data_rank, dist.data_size)
+        self.context = dist.context
         self.seq_len = model.seq_len
         self.num_predicted = architecture(model.arch)(model).num_predicted(model.seq_len)
         self.stride = default_stride(model.seq_len, model.latent_len)
@@ -76,11 +96,18 @@ class LanguageModelling:
         return self.windows.batch(index)
 
     def targets_per_batch(self, batch: Tensor) -> int:
-        return batch.size(0) * self.num_predicted
+        """Targets this rank scores: with context parallelism, its shard's."""
+        shards = 1 if self.context is None else self.context.size
+        return batch.size(0) * self.num_predicted // shards
 
     def loss_sum(self, net: nn.Module, batch: Tensor) -> Tensor:
-        """Summed next-token cross-entropy over the predicted positions."""
-        return next_token_loss(net(batch[:, :-1]), batch, reduction="sum")
+        """Summed next-token cross-entropy over the predicted positions (with context
+        parallelism, over this rank's shard of each window)."""
+        if self.context is None:
+            return next_token_loss(net(batch[:, :-1]), batch, reduction="sum")
+        shard, start_pos = self.context.shard(batch)
+        return next_token_loss(net(shard[:, :-1], start_pos, self.context), shard,
+                               reduction="sum")
 
     def validate(self, model: nn.Module, dist: Dist,
                  autocast: AbstractContextManager | None) -> dict[str, Any]:
@@ -95,6 +122,10 @@ class Classification:
     kind = "classification"
 
     def __init__(self, cfg: RunConfig, dist: Dist, progress: bool = True):
+        if dist.context is not None:
+            raise ValueError(f"train.context_parallel={dist.context.size} splits the windows of "
+                             f"next-token prediction; sequence classification "
+                             f"(data.source={cfg.data.source}) has no context-parallel form")
         model, train = cfg.model, cfg.train
         self.data: PixelSequences = load_pixel_dataset(cfg.data.source, cfg.data.path,
                                                        seed=train.seed)

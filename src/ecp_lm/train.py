@@ -31,11 +31,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
+from torch.distributed.device_mesh import init_device_mesh
 
 from ecp_lm import progress as progress_output
 from ecp_lm.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
 from ecp_lm.interrupts import Interrupted, StopRequest
 from ecp_lm.models import LanguageModel, build_model
+from ecp_lm.models.archs import architecture
+from ecp_lm.models.context_parallel import ContextGroup
 from ecp_lm.runconfig import RunConfig, TrainConfig
 from ecp_lm.runfolder import (
     METRICS,
@@ -78,9 +81,14 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def init_distributed(device: str) -> Dist:
-    """Join torchrun's process group when WORLD_SIZE > 1; pick this process's device."""
+def init_distributed(device: str, context_parallel: int = 1) -> Dist:
+    """Join torchrun's process group when WORLD_SIZE > 1; pick this process's device. With
+    ``context_parallel`` K > 1, lay the ranks out as a (world / K) x K mesh of data-parallel
+    groups of K ranks that share each window."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world % context_parallel:
+        raise ValueError(f"train.context_parallel={context_parallel} does not divide the world "
+                         f"size {world} (the ranks torchrun starts)")
     resolved = resolve_device(device)
     if world > 1:
         if not torch.distributed.is_initialized():
@@ -89,7 +97,12 @@ def init_distributed(device: str) -> Dist:
         if resolved.type == "cuda" and resolved.index is None:
             resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
             torch.cuda.set_device(resolved)
-    return Dist(int(os.environ.get("RANK", "0")), world, resolved)
+    context = None
+    if context_parallel > 1:
+        mesh = init_device_mesh(resolved.type, (world // context_parallel, context_parallel),
+                                mesh_dim_names=("data", "context"))
+        context = ContextGroup.of(mesh.get_group("context"))
+    return Dist(int(os.environ.get("RANK", "0")), world, resolved, context)
 
 
 def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
@@ -142,7 +155,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     tc = cfg.train
     if stop_at is not None and stop_at < 0:
         raise ValueError(f"stop_at={stop_at} must be >= 0")
-    dist = init_distributed(tc.device)
+    if tc.context_parallel > 1:
+        _check_context_parallel(cfg)
+    dist = init_distributed(tc.device, tc.context_parallel)
     ckpt = check_run_folder(cfg, out_dir, resume)
     start = ckpt.meta["step"] if ckpt is not None else 0
     if stop_at is not None and stop_at < start:
@@ -170,6 +185,16 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
         loop.metrics.close()
     return TrainResult(model, state["step"], state["tokens_seen"], state["best_val_loss"],
                        out_dir, state["step"] - start, loop.wrote_latest)
+
+
+def _check_context_parallel(cfg: RunConfig) -> None:
+    """What context parallelism cannot run, found before any process group is joined."""
+    tc = cfg.train
+    unsupported = [name for name in ("fsdp", "compile") if getattr(tc, name)]
+    if unsupported:
+        raise ValueError(f"train.context_parallel={tc.context_parallel} runs with DDP in eager "
+                         f"mode; not with train.{' or train.'.join(unsupported)}")
+    architecture(cfg.model.arch)(cfg.model).check_context(cfg.model.seq_len, tc.context_parallel)
 
 
 def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
@@ -208,7 +233,7 @@ class _Loop:
         tc, state = self.tc, self.state
         end = tc.steps if stop_at is None else min(stop_at, tc.steps)
         self.show = show
-        tokens_per_step = self.task.tokens_per_batch * tc.grad_accum * self.dist.world_size
+        tokens_per_step = self.task.tokens_per_batch * tc.grad_accum * self.dist.data_size
         window: list[float] = []
         window_start = time.perf_counter()
         with progress_output.bar(total=tc.steps, initial=state["step"], enabled=show,
