@@ -264,6 +264,8 @@ class BandArchitecture(Architecture):
     """
 
     flex_on_cuda = True
+    period_name: ClassVar[str] = "period"
+    """The config's name for ``period``, in messages."""
 
     def band_rules(self) -> list[tuple[slice, BandRule]]:
         """(heads, rule) pairs covering every head."""
@@ -312,9 +314,6 @@ class BandArchitecture(Architecture):
         if start_pos < 0 or start_pos % self.period:
             raise ValueError(f"start_pos={start_pos} is not a non-negative multiple of "
                              f"{self.period_text()}")
-
-    period_name = "period"
-    """The config's name for ``period`` in messages."""
 
     def period_text(self) -> str:
         return f"{self.period} (arch={self.cfg.arch!r} repeats its pattern every {self.period} " \
