@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench bench-attention clean
+.PHONY: setup demo test lint bench bench-attention bench-context-parallel clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -29,6 +29,9 @@ bench: setup
 
 bench-attention: setup
 	$(BIN)/python benchmarks/attention.py --json benchmarks/results/attention.json
+
+bench-context-parallel: setup
+	$(BIN)/python benchmarks/context_parallel.py --json benchmarks/results/context_parallel_cpu.json
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
