@@ -76,7 +76,7 @@ class LanguageModelling:
         self.tokenizer: Tokenizer | None = self.cache.tokenizer()
         self.windows = TrainWindows(self.cache.tokens("train"), model.seq_len, train.batch_size,
                                     train.seed, dist.data_rank, dist.data_size)
-        self.context = dist.context
+        self.context, self.shards = dist.context, dist.context_size
         self.seq_len = model.seq_len
         self.num_predicted = architecture(model.arch)(model).num_predicted(model.seq_len)
         self.stride = default_stride(model.seq_len, model.latent_len)
@@ -97,8 +97,7 @@ class LanguageModelling:
 
     def targets_per_batch(self, batch: Tensor) -> int:
         """Targets this rank scores: with context parallelism, its shard's."""
-        shards = 1 if self.context is None else self.context.size
-        return batch.size(0) * self.num_predicted // shards
+        return batch.size(0) * self.num_predicted // self.shards
 
     def loss_sum(self, net: nn.Module, batch: Tensor) -> Tensor:
         """Summed next-token cross-entropy over the predicted positions (with context

@@ -127,11 +127,7 @@ class EcpLmCache(Cache):
 
     def _select_rows(self, index: Tensor) -> None:
         """Keep the rows ``index`` (B',) of every buffer, in that order (beam search)."""
-        rows = index.tolist()
         self.tokens = self.tokens[index.to(self.tokens.device)]
         for cache in self.kv or ():
-            at = index.to(cache.k.device)
-            cache.k, cache.v, cache.pos = cache.k[at], cache.v[at], cache.pos[at]
-            cache.origin = [cache.origin[r] for r in rows]
-            cache.next_pos = [cache.next_pos[r] for r in rows]
-        self._batch_size = len(rows)
+            cache.select_rows(index)
+        self._batch_size = index.numel()

@@ -25,7 +25,7 @@ from ecp_lm.hf.cache import EcpLmCache
 from ecp_lm.hf.config import EcpLmConfig
 from ecp_lm.models import LanguageModel
 from ecp_lm.models.lm import next_token_loss
-from ecp_lm.models.rope import RotaryEmbedding, angle_table, frequencies
+from ecp_lm.models.rope import RotaryEmbedding
 
 # The name of the cache in outputs and model inputs: ``past_key_values``, until a transformers
 # 5.x release renamed it ``cache``.
@@ -85,8 +85,7 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
             nn.init.ones_(module.weight)
             nn.init.zeros_(module.bias)
         elif isinstance(module, RotaryEmbedding):
-            table = angle_table(frequencies(self.config.d_model // self.config.n_heads))
-            module.table_bits.copy_(table.view(torch.int64))
+            module.reset_table()
 
     # Forward ------------------------------------------------------------------------------------
     def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,

@@ -97,6 +97,14 @@ class KVCache(nn.Module):
         """Record, host-side, that a decode step wrote one more position in every row."""
         self.next_pos = [p + 1 for p in self.next_pos]
 
+    def select_rows(self, index: Tensor) -> None:
+        """Keep the rows ``index`` (B',) int64, in that order (a row may repeat: beam search)."""
+        rows = index.tolist()
+        at = index.to(self.k.device)
+        self.k, self.v, self.pos = self.k[at], self.v[at], self.pos[at]
+        self.origin = [self.origin[r] for r in rows]
+        self.next_pos = [self.next_pos[r] for r in rows]
+
     @classmethod
     def stack(cls, caches: Sequence[KVCache]) -> KVCache:
         """One cache whose rows are the rows of ``caches`` (each filled on its own, for example

@@ -51,8 +51,17 @@ class RotaryEmbedding(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        table = angle_table(frequencies(head_dim, base))
-        self.register_buffer("table_bits", table.view(torch.int64), persistent=False)
+        self.head_dim, self.base = head_dim, base
+        self.register_buffer("table_bits", torch.empty(N_CHUNKS, head_dim // 2, dtype=torch.int64),
+                             persistent=False)
+        self.reset_table()
+
+    @torch.no_grad()
+    def reset_table(self) -> None:
+        """(Re)compute the angle table, a buffer that checkpoints do not hold: at construction,
+        and wherever a loader left it uninitialised."""
+        table = angle_table(frequencies(self.head_dim, self.base))
+        self.table_bits.copy_(table.view(torch.int64))
 
     def angles(self, positions: Tensor) -> Tensor:
         """positions (R,) int64, >= 0 -> angles (R, D/2) float64 in [0, 2π)."""
