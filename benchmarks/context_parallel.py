@@ -40,7 +40,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import socket
 import statistics
 import sys
@@ -54,7 +53,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from ecp_lm.bench import BenchSpec, model_config
+from ecp_lm.bench import BenchSpec, memory_mark, model_config, peak_bytes
 from ecp_lm.models import build_model
 from ecp_lm.models.archs import architecture
 from ecp_lm.models.context_parallel import ContextGroup, average_gradients
@@ -122,9 +121,7 @@ def run_rank(seq_len: int, spec: BenchSpec, args: argparse.Namespace,
     optimizer.zero_grad(set_to_none=True)
     context.sent.update(forward=0, backward=0)
     sync()
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    mark = memory_mark(device)
     times = []
     for i in range(args.warmup + args.steps):
         dist.barrier()  # every rank starts the step together
@@ -137,8 +134,7 @@ def run_rank(seq_len: int, spec: BenchSpec, args: argparse.Namespace,
         sync()
         if i >= args.warmup:
             times.append(time.perf_counter() - start)
-    peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-            else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+    peak = peak_bytes(device, mark)
     per_layer_step = spec.n_layers * (args.warmup + args.steps)
     return {"rank": context.index, "step_s": statistics.median(times), "times_s": times,
             "peak_mib": peak / 2**20,

@@ -66,6 +66,22 @@ def _pass_through(q, k, v, rows):
     return q + (k.sum() + v.sum()) * 0.0
 
 
+def memory_mark(device: torch.device) -> int:
+    """Start measuring peak memory: resets CUDA's peak; returns the baseline ``peak_bytes``
+    subtracts (on CPU the process's max resident set so far, KiB)."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+
+def peak_bytes(device: torch.device, mark: int) -> int:
+    """Peak memory since ``memory_mark``: the CUDA allocator's maximum, or on CPU the growth of
+    the process's max resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - mark) * 1024
+
+
 def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[float]:
     """Seconds of each of ``spec.repeats`` training steps on ``tokens``, after ``spec.warmup``
     untimed ones; ``loss``: the function the step differentiates (default ``model.loss``)."""
@@ -103,13 +119,10 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     tokens = torch.randint(0, 256, (spec.batch_size, seq_len + 1), device=device)
     precision = resolve_precision(spec.precision, device)
     loss = torch.compile(model.loss, fullgraph=True) if spec.compile else model.loss
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    mark = memory_mark(device)
     with autocast(precision, device), _kernels_run(model) as kernels:
         times = time_steps(model, optimizer, tokens, spec, loss)
-        peak = (torch.cuda.max_memory_allocated(device) if device.type == "cuda"
-                else (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) * 1024)
+        peak = peak_bytes(device, mark)
         bare = None
         if not spec.compile:
             for block in model.blocks:
