@@ -446,7 +446,8 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
     lines = [f"# Study II: long context (budget `{summary['budget']}`)", "",
              f"sympy-code test split, bytes; N = {n}, m = {m} (2m = {2 * m}), "
              f"d_model {model['d_model']}, {model['n_layers']} layers. Wall time of the runs "
-             f"(training and scoring): {summary.get('wall_s', 0) / 60:.0f} min.", "",
+             f"(training and scoring), summed over runs that may have run side by side "
+             f"(`--jobs`): {summary.get('wall_s', 0) / 60:.0f} min.", "",
              "## Sensitivity: does the full transformer use context beyond 2m?", "",
              "Transformer test bits/byte with windows of 2m minus with windows of N, on the same "
              f"targets, per seed: {', '.join(f'{g:+.4f}' for g in sens['context_gain_bits'])} "
