@@ -145,7 +145,7 @@ def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeyp
     monkeypatch.setattr(generation, "compiled_decode_step", lambda model: torch.compile(
         model.decode_step, backend="eager", fullgraph=True, dynamic=False))
     out = tmp_path / "decode.json"
-    d, layers, m, window = 32, 2, 16, 128
+    d, layers, m, window = 32, 2, 16, 256
     threads = torch.get_num_threads()
     try:
         assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers",
@@ -169,13 +169,15 @@ def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeyp
     params = 2 * 256 * d + layers * (4 * d * d + 8 * d * d + 5 * d + 4 * d) + 2 * d
     for (arch, batch, _), r in cases.items():
         assert r["param_bytes"] == 4 * params
-        # the slots in use after N/2 + 35 positions: ECP's full ring of 2m; the transformer's
-        slots = 2 * m if arch == "ecp" else window // 2 + 35
+        # the slots in use after N/2 + 3 + 64 positions: ECP's full ring of 2m; the
+        # transformer's
+        slots = 2 * m if arch == "ecp" else window // 2 + 67
         assert r["cache_bytes"] == batch * layers * 2 * slots * d * 4, (arch, batch)
         floor = (r["param_bytes"] + r["cache_bytes"]) / bandwidth
         assert abs(r["floor_ms"] - 1e3 * floor) < 1e-9
         assert abs(r["ratio_to_floor"] - r["ms_per_step"] / r["floor_ms"]) < 1e-6
         assert abs(r["tokens_per_s"] - batch / (r["ms_per_step"] / 1e3)) < 1e-6 * r["tokens_per_s"]
+    assert modes["steps"] == 64 and modes["rounds"] == 8
     assert "compiled ÷ eager" in capsys.readouterr().out
     assert cli_main(["bench", "--decode-only", "--segment-len", "256",
                      "--decode-window", "1000"]) == 2

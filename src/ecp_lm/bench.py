@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from ecp_lm.complexity import attention_cost
 from ecp_lm.config import ModelConfig
@@ -361,50 +362,76 @@ def decode_mode_configs(length: int, spec: BenchSpec) -> dict[str, ModelConfig]:
             "transformer": ModelConfig(arch="transformer", **size)}
 
 
-@torch.no_grad()
-def decode_mode_case(model, batch: int, compiled: bool, steps: int, bandwidth: float
-                     ) -> dict[str, Any]:
-    """Prefill half the window in each of ``batch`` rows, then time ``steps`` greedy decode steps
-    as ``generate`` runs them (``decode_step`` eager, with the slots in use, or compiled, over
-    the whole ring; three untimed steps first, the compilation among them). The floor is the
-    bytes a step must read, the parameters once and each row's cache slots in use, at the
-    measured ``bandwidth``."""
-    from ecp_lm.generation import compiled_decode_step
+class _DecodeStream:
+    """One mode's decoding of a batch: its own caches, filled by the prompt, then greedy steps
+    timed one by one (``decode_step`` eager over the slots in use, or compiled over the whole
+    ring, as ``generate`` runs them)."""
 
+    def __init__(self, model, prompt: Tensor, compiled: bool):
+        from ecp_lm.generation import compiled_decode_step
+
+        self.model, self.compiled, self.times = model, compiled, []
+        self.caches = model.make_caches(prompt.size(0), prompt.device)
+        self.token = model.prefill(prompt, self.caches)[:, -1].argmax(-1, keepdim=True)
+        self.pos = torch.full((prompt.size(0),), prompt.size(1), dtype=torch.long,
+                              device=prompt.device)
+        self.step = compiled_decode_step(model) if compiled else model.decode_step
+
+    def run(self, steps: int, timed: bool = True) -> None:
+        device = self.pos.device
+        for _ in range(steps):
+            span = None if self.compiled else self.caches[0].slots_in_use(ahead=1)
+            _sync(device)
+            start = time.perf_counter()
+            self.token = self.step(self.token, self.pos, self.caches, span).argmax(-1,
+                                                                                   keepdim=True)
+            _sync(device)
+            if timed:
+                self.times.append(time.perf_counter() - start)
+            self.pos = self.pos + 1
+            for cache in self.caches:
+                cache.advance()
+
+
+@torch.no_grad()
+def decode_mode_pair(model, batch: int, steps: int, rounds: int, bandwidth: float
+                     ) -> list[dict[str, Any]]:
+    """Eager and compiled decoding of ``batch`` rows, each after a prompt of half the window:
+    three untimed steps of each (the compilation among them), then ``rounds`` turns of
+    ``steps // rounds`` timed steps of each, so that both modes meet the machine in the same
+    states (its speed drifts over seconds). Per mode, the median step; the floor is the bytes
+    a step must read, the parameters once and each row's cache slots in use, at the measured
+    ``bandwidth``."""
     device = next(model.parameters()).device
-    length, warmup = model.cfg.seq_len, DECODE_WARMUP
-    prompt = torch.randint(0, 256, (batch, length // 2), device=device,
+    prompt = torch.randint(0, 256, (batch, model.cfg.seq_len // 2), device=device,
                            generator=torch.Generator(device=device).manual_seed(batch))
-    caches = model.make_caches(batch, device)
-    token = model.prefill(prompt, caches)[:, -1].argmax(-1, keepdim=True)
-    pos = torch.full((batch,), length // 2, dtype=torch.long, device=device)
-    step = compiled_decode_step(model) if compiled else model.decode_step
-    times = []
-    for i in range(warmup + steps):
-        span = None if compiled else caches[0].slots_in_use(ahead=1)
-        _sync(device)
-        start = time.perf_counter()
-        token = step(token, pos, caches, span).argmax(-1, keepdim=True)
-        _sync(device)
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-        pos = pos + 1
-        for cache in caches:
-            cache.advance()
-    seconds = statistics.median(times)
+    streams = [_DecodeStream(model, prompt, compiled) for compiled in (False, True)]
+    for stream in streams:
+        stream.run(DECODE_WARMUP, timed=False)
+    for _ in range(rounds):
+        for stream in streams:
+            stream.run(steps // rounds)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    cache_bytes = sum(c.nbytes(used_only=True) for c in caches)  # every row's
-    floor = (params + cache_bytes) / bandwidth
-    return {"arch": model.cfg.arch, "batch": batch, "mode": "compiled" if compiled else "eager",
-            "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
-            "param_bytes": params, "cache_bytes": cache_bytes, "floor_ms": 1e3 * floor,
-            "ratio_to_floor": seconds / floor}
+    rows = []
+    for stream in streams:
+        seconds = statistics.median(stream.times)
+        cache_bytes = sum(c.nbytes(used_only=True) for c in stream.caches)  # every row's
+        floor = (params + cache_bytes) / bandwidth
+        rows.append({"arch": model.cfg.arch, "batch": batch,
+                     "mode": "compiled" if stream.compiled else "eager",
+                     "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
+                     "param_bytes": params, "cache_bytes": cache_bytes,
+                     "floor_ms": 1e3 * floor, "ratio_to_floor": seconds / floor})
+    return rows
 
 
 def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ...] = (1, 16),
-                     steps: int = 32, progress: bool = True) -> dict[str, Any]:
-    """Eager and compiled decoding of ECP and the transformer at batch sizes ``batches``, with
-    the copy bandwidth measured in the same run and each case's bandwidth floor."""
+                     steps: int = 64, rounds: int = 8, progress: bool = True) -> dict[str, Any]:
+    """Eager and compiled decoding of ECP and the transformer at batch sizes ``batches``
+    (``decode_mode_pair``: ``steps`` timed steps of each mode, taken in ``rounds`` alternating
+    turns), with the copy bandwidth measured in the same run and each case's bandwidth floor."""
+    if steps % rounds:
+        raise ValueError(f"steps={steps} must be a multiple of rounds={rounds}")
     if length // 2 + DECODE_WARMUP + steps > length:
         raise ValueError(f"{DECODE_WARMUP + steps} decode steps after {length // 2} prompt "
                          f"tokens pass the transformer's window {length}: use a longer "
@@ -416,13 +443,12 @@ def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ..
         torch.manual_seed(0)
         model = build_model(cfg).to(device).eval()
         for batch in batches:
-            for compiled in (False, True):
-                if progress:
-                    print(f"  decode {arch:>11} batch {batch} "
-                          f"{'compiled' if compiled else 'eager'} ...", file=sys.stderr,
-                          flush=True)
-                rows.append(decode_mode_case(model, batch, compiled, steps, bandwidth))
-    return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "cases": rows}
+            if progress:
+                print(f"  decode {arch:>11} batch {batch}, eager and compiled in turns ...",
+                      file=sys.stderr, flush=True)
+            rows += decode_mode_pair(model, batch, steps, rounds, bandwidth)
+    return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "steps": steps,
+            "rounds": rounds, "cases": rows}
 
 
 def format_decode_modes(report: dict[str, Any]) -> str:
