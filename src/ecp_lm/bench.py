@@ -370,7 +370,7 @@ class _DecodeStream:
     def __init__(self, model, prompt: Tensor, compiled: bool):
         from ecp_lm.generation import compiled_decode_step
 
-        self.model, self.compiled, self.times = model, compiled, []
+        self.compiled, self.times = compiled, []
         self.caches = model.make_caches(prompt.size(0), prompt.device)
         self.token = model.prefill(prompt, self.caches)[:, -1].argmax(-1, keepdim=True)
         self.pos = torch.full((prompt.size(0),), prompt.size(1), dtype=torch.long,
