@@ -28,6 +28,7 @@ from torch import Tensor
 from ecp_lm.complexity import attention_cost
 from ecp_lm.config import ModelConfig
 from ecp_lm.models import build_model
+from ecp_lm.runtime import DTYPES, torch_threads
 
 
 @dataclass
@@ -46,6 +47,9 @@ class BenchSpec:
     """fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU (``runtime.resolve_precision``)."""
     threads: int | None = None
     """CPU threads of every case (None: torch's default, one per core)."""
+    profile: bool = False
+    """Also run one step under torch's profiler, for the share of its time in matrix products and
+    attention kernels (``product_share``; CPU only: on CUDA the host clock does not see them)."""
 
 
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
@@ -129,6 +133,8 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
             for block in model.blocks:
                 block.attn._attend = _pass_through
             bare = statistics.median(time_steps(model, optimizer, tokens, spec))
+        share = (product_share(model, optimizer, tokens, loss)
+                 if spec.profile and device.type == "cpu" else None)
     step = statistics.median(times)
     attention = None if bare is None else max(step - bare, 0.0)
     cost = attention_cost(cfg)
@@ -139,7 +145,33 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
             "attention_share": None if attention is None else attention / step,
             "attention_entries": cost.entries, "attention_flops": cost.flops,
             "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times,
-            "kernel": ",".join(sorted(kernels))}
+            "kernel": ",".join(sorted(kernels)), "product_share": share,
+            "product_s": None if share is None else share * step}
+
+
+PRODUCT_KERNELS = frozenset({
+    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+    "ecp_lm_native::band_attention_forward", "ecp_lm_native::band_attention_backward"})
+"""The kernels of a step's matrix products and attention: library calls that compiling the
+step leaves as they are (inductor calls the same ones); every other operation is one it may
+fuse."""
+
+
+def product_share(model, optimizer, tokens, loss=None) -> float:
+    """The share of one training step's wall time (under torch's profiler, on CPU) spent inside
+    ``PRODUCT_KERNELS``: the step with everything else removed is this share of it, so
+    1 / share bounds what fusing the rest can gain."""
+    loss = loss or model.loss
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        start = time.perf_counter()
+        loss(tokens).backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        wall = time.perf_counter() - start
+    inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_KERNELS)
+    return min(inside / 1e6 / wall, 1.0)
 
 
 @contextmanager
@@ -243,24 +275,104 @@ TRAIN_MODES = ((False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16"))
 def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
                     progress: bool = True) -> list[dict[str, Any]]:
     """Every (arch, N) in each of ``TRAIN_MODES``, each in its own subprocess, with its tokens/s
-    as a ratio to the eager fp32 step of the same run."""
+    as a ratio to the eager fp32 step of the same run, and its FLOP floor (``add_flop_floor``:
+    the step's matrix-product FLOPs at the matrix-product rate measured here, on the cases'
+    threads, before and after them)."""
+    device, precisions = torch.device(spec.device), sorted({p for _, p in TRAIN_MODES})
+    with torch_threads(spec.threads):  # measured before and after the cases: the faster
+        before = {name: matmul_rate(device, DTYPES[name], spec.d_model) for name in precisions}
     rows = []
     for compiled, precision in TRAIN_MODES:
-        rows += run(archs, seq_lens, replace(spec, compile=compiled, precision=precision),
-                    progress)
+        rows += run(archs, seq_lens, replace(spec, compile=compiled, precision=precision,
+                                             profile=True), progress)
     base = {(r["arch"], r["seq_len"]): r for r in rows
             if (r["compiled"], r["precision"]) == TRAIN_MODES[0]}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[(r["arch"], r["seq_len"])]["tokens_per_s"]
+    with torch_threads(spec.threads):
+        rates = {name: max(before[name], matmul_rate(device, DTYPES[name], spec.d_model))
+                 for name in precisions}
+    flops = {case: step_flops(model_config(*case, spec), spec.batch_size) for case in base}
+    add_flop_floor(rows, rates, flops)
     return rows
 
 
-def format_train_modes(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'arch':<15}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}{'÷ eager fp32':>14}"]
+def matmul_rate(device: torch.device, dtype: torch.dtype, d_model: int, rows: int = 1024,
+                repeats: int = 10) -> float:
+    """FLOP/s of this machine's matrix products in ``dtype``: the fastest of ``repeats``
+    products (2·M·K·N FLOPs each) of each shape, a square of side ``rows`` and the three a
+    block of width ``d_model`` runs on ``rows`` tokens (d -> d, d -> 4d, 4d -> d). The fastest,
+    not the median: on a shared machine the slower ones measure its neighbours."""
+    best = 0.0
+    for m, k, n in ((rows, rows, rows), (rows, d_model, d_model),
+                    (rows, d_model, 4 * d_model), (rows, 4 * d_model, d_model)):
+        a = torch.randn(m, k, device=device).to(dtype)
+        b = torch.randn(k, n, device=device).to(dtype)
+        a @ b
+        times = []
+        for _ in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            a @ b
+            _sync(device)
+            times.append(time.perf_counter() - start)
+        best = max(best, 2 * m * k * n / min(times))
+    return best
+
+
+def step_flops(cfg: ModelConfig, batch: int) -> int:
+    """Matrix-product FLOPs of one training step on ``batch`` windows of ``cfg``: three times the
+    forward's (the backward runs two products for each product of the forward: the gradients of
+    both operands). The forward's are those of the linear maps, counted by torch's
+    ``FlopCounterMode`` over a forward with attention passed through, plus attention's
+    (``attention_cost``: 4 · d_model per attended entry)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with torch.device("meta"):
+        model = build_model(cfg)
+        tokens = torch.zeros(batch, cfg.seq_len, dtype=torch.long)
+    for block in model.blocks:
+        block.attn._attend = _pass_through
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model(tokens)
+    return 3 * (counter.get_total_flops() + batch * attention_cost(cfg).flops)
+
+
+def add_flop_floor(rows: list[dict[str, Any]], rates: dict[str, float],
+                   flops: dict[tuple[str, int], int]) -> None:
+    """Each row's FLOP floor: its step's FLOPs (``flops`` by (arch, N)) at the matrix-product
+    rate of its precision (``rates``, FLOP/s; every product counted at that rate), and its step
+    time over that floor: the most any faster path to the same products could gain."""
     for r in rows:
+        r["step_flops"] = flops[(r["arch"], r["seq_len"])]
+        r["matmul_flop_s"] = rates[r["precision"]]
+        r["floor_s"] = r["step_flops"] / r["matmul_flop_s"]
+        r["ratio_to_floor"] = r["step_s"] / r["floor_s"]
+
+
+def format_train_modes(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'arch':<15}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}{'÷ eager fp32':>14}"
+             f"{'GFLOP':>8}{'floor ms':>10}{'÷ floor':>9}{'in products':>13}"]
+    for r in rows:
+        share = "-" if r.get("product_share") is None else f"{r['product_share']:.0%}"
         lines.append(f"{r['arch']:<15}{r['seq_len']:>7}"
                      f"{'compiled' if r['compiled'] else 'eager':>10}{r['precision']:>10}"
-                     f"{r['tokens_per_s']:>10,.0f}{r['speedup']:>14.2f}")
+                     f"{r['tokens_per_s']:>10,.0f}{r['speedup']:>14.2f}"
+                     f"{r['step_flops'] / 1e9:>8.1f}{1e3 * r['floor_s']:>10.1f}"
+                     f"{r['ratio_to_floor']:>9.2f}{share:>13}")
+    rates = {r["precision"]: r["matmul_flop_s"] for r in rows}
+    lines.append("matrix products: " + ", ".join(f"{name} {rate / 1e9:,.0f} GFLOP/s"
+                                                for name, rate in rates.items()))
+    for r in rows:
+        if (r["compiled"], r["precision"]) != TRAIN_MODES[0]:
+            continue
+        line = (f"{r['arch']} N={r['seq_len']}: the eager fp32 step is "
+                f"{r['ratio_to_floor']:.2f}× its FLOP floor")
+        if r.get("product_share") is not None:
+            line += (f"; {r['product_share']:.0%} of it runs in matrix products and attention "
+                     f"kernels, so fusing all the rest gains at most "
+                     f"{1 / r['product_share']:.2f}×")
+        lines.append(line)
     return "\n".join(lines)
 
 

@@ -9,7 +9,8 @@ on validation loss is reported under the precision it was chosen with.
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 
 import torch
 
@@ -69,3 +70,14 @@ def autocast(precision: str, device: torch.device) -> AbstractContextManager:
     if resolved == "fp32":
         return nullcontext()
     return torch.autocast(device.type, dtype=DTYPES[resolved])
+
+
+@contextmanager
+def torch_threads(threads: int | None) -> Iterator[None]:
+    """Run the block on ``threads`` torch CPU threads (None: as it is), then restore them."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads or before)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

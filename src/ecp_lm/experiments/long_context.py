@@ -47,9 +47,8 @@ import multiprocessing
 import os
 import statistics
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -66,6 +65,7 @@ from ecp_lm.models import build_model
 from ecp_lm.models.archs import architecture
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
+from ecp_lm.runtime import torch_threads
 from ecp_lm.train import train_or_resume
 
 ARCHS = ("transformer", "ecp", "sliding_window", "block_local", "s2", "perceiver_ar")
@@ -244,17 +244,6 @@ def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool
                 result["longer"][f"{k}N"] = {"loss": longer["loss"], **near_far(longer)}
     result["wall_s"] = time.perf_counter() - start
     return result
-
-
-@contextmanager
-def torch_threads(threads: int | None) -> Iterator[None]:
-    """Run the block on ``threads`` torch CPU threads (None: as it is), then restore them."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads or before)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _entry_job(budget_name: str, entry: dict[str, Any], out: str, threads: int
