@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
@@ -439,10 +439,13 @@ def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
     return "\n".join(lines)
 
 
-# Decoding modes: eager and compiled against the memory-bandwidth floor ----------------------------
+# Decoding modes: library, eager and compiled against the memory-bandwidth floor ------------------
 
 DECODE_WARMUP = 3
 """Untimed decode steps before the timed ones (the first compiles)."""
+TURN_WARMUP = 2
+"""Untimed decode steps at the start of each mode's turn: they bring its weights and caches back
+into the CPU's caches after the other modes' turns (a generation runs one mode throughout)."""
 
 
 def _sync(device: torch.device) -> None:
@@ -474,54 +477,64 @@ def decode_mode_configs(length: int, spec: BenchSpec) -> dict[str, ModelConfig]:
             "transformer": ModelConfig(arch="transformer", **size)}
 
 
+DECODE_MODES = ("library", "eager", "compiled")
+"""The decode modes ``decode_modes_of_batch`` times: the eager step on library kernels
+(``nn.Linear``'s matrix products and SDPA, as decoding ran before the native decode kernels),
+the eager step, and the compiled step (``generate(..., compile=True)``)."""
+
+
 class _DecodeStream:
     """One mode's decoding of a batch: its own caches, filled by the prompt, then greedy steps
     timed one by one (``decode_step`` eager over the slots in use, or compiled over the whole
     ring, as ``generate`` runs them)."""
 
-    def __init__(self, model, prompt: Tensor, compiled: bool):
+    def __init__(self, model, prompt: Tensor, mode: str):
         from ecp_lm.generation import compiled_decode_step
 
-        self.compiled, self.times = compiled, []
+        self.mode, self.compiled, self.times = mode, mode == "compiled", []
         self.caches = model.make_caches(prompt.size(0), prompt.device)
         self.token = model.prefill(prompt, self.caches)[:, -1].argmax(-1, keepdim=True)
         self.pos = torch.full((prompt.size(0),), prompt.size(1), dtype=torch.long,
                               device=prompt.device)
-        self.step = compiled_decode_step(model) if compiled else model.decode_step
+        self.step = compiled_decode_step(model) if self.compiled else model.decode_step
 
     def run(self, steps: int, timed: bool = True) -> None:
+        from ecp_lm.models.attention.native import library_decode
+
         device = self.pos.device
-        for _ in range(steps):
-            span = None if self.compiled else self.caches[0].slots_in_use(ahead=1)
-            _sync(device)
-            start = time.perf_counter()
-            self.token = self.step(self.token, self.pos, self.caches, span).argmax(-1,
-                                                                                   keepdim=True)
-            _sync(device)
-            if timed:
-                self.times.append(time.perf_counter() - start)
-            self.pos = self.pos + 1
-            for cache in self.caches:
-                cache.advance()
+        with library_decode() if self.mode == "library" else nullcontext():
+            for _ in range(steps):
+                span = None if self.compiled else self.caches[0].slots_in_use(ahead=1)
+                _sync(device)
+                start = time.perf_counter()
+                logits = self.step(self.token, self.pos, self.caches, span)
+                self.token = logits.argmax(-1, keepdim=True)
+                _sync(device)
+                if timed:
+                    self.times.append(time.perf_counter() - start)
+                self.pos = self.pos + 1
+                for cache in self.caches:
+                    cache.advance()
 
 
 @torch.no_grad()
-def decode_mode_pair(model, batch: int, steps: int, rounds: int, bandwidth: float
-                     ) -> list[dict[str, Any]]:
-    """Eager and compiled decoding of ``batch`` rows, each after a prompt of half the window:
+def decode_modes_of_batch(model, batch: int, steps: int, rounds: int, bandwidth: float
+                          ) -> list[dict[str, Any]]:
+    """Each of ``DECODE_MODES`` decoding ``batch`` rows, each after a prompt of half the window:
     three untimed steps of each (the compilation among them), then ``rounds`` turns of
-    ``steps // rounds`` timed steps of each, so that both modes meet the machine in the same
-    states (its speed drifts over seconds). Per mode, the median step; the floor is the bytes
-    a step must read, the parameters once and each row's cache slots in use, at the measured
-    ``bandwidth``."""
+    ``steps // rounds`` timed steps of each, so that the modes meet the machine in the same
+    states (its speed drifts over seconds), each turn after ``TURN_WARMUP`` untimed steps. Per
+    mode, the median step; the floor is the bytes a step must read, the parameters once and
+    each row's cache slots in use, at the measured ``bandwidth``."""
     device = next(model.parameters()).device
     prompt = torch.randint(0, 256, (batch, model.cfg.seq_len // 2), device=device,
                            generator=torch.Generator(device=device).manual_seed(batch))
-    streams = [_DecodeStream(model, prompt, compiled) for compiled in (False, True)]
+    streams = [_DecodeStream(model, prompt, mode) for mode in DECODE_MODES]
     for stream in streams:
         stream.run(DECODE_WARMUP, timed=False)
     for _ in range(rounds):
         for stream in streams:
+            stream.run(TURN_WARMUP, timed=False)
             stream.run(steps // rounds)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
     rows = []
@@ -529,8 +542,7 @@ def decode_mode_pair(model, batch: int, steps: int, rounds: int, bandwidth: floa
         seconds = statistics.median(stream.times)
         cache_bytes = sum(c.nbytes(used_only=True) for c in stream.caches)  # every row's
         floor = (params + cache_bytes) / bandwidth
-        rows.append({"arch": model.cfg.arch, "batch": batch,
-                     "mode": "compiled" if stream.compiled else "eager",
+        rows.append({"arch": model.cfg.arch, "batch": batch, "mode": stream.mode,
                      "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
                      "param_bytes": params, "cache_bytes": cache_bytes,
                      "floor_ms": 1e3 * floor, "ratio_to_floor": seconds / floor})
@@ -538,14 +550,16 @@ def decode_mode_pair(model, batch: int, steps: int, rounds: int, bandwidth: floa
 
 
 def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ...] = (1, 16),
-                     steps: int = 64, rounds: int = 8, progress: bool = True) -> dict[str, Any]:
-    """Eager and compiled decoding of ECP and the transformer at batch sizes ``batches``
-    (``decode_mode_pair``: ``steps`` timed steps of each mode, taken in ``rounds`` alternating
-    turns), with the copy bandwidth measured in the same run and each case's bandwidth floor."""
+                     steps: int = 64, rounds: int = 4, progress: bool = True) -> dict[str, Any]:
+    """Library, eager and compiled decoding of ECP and the transformer at batch sizes
+    ``batches`` (``decode_modes_of_batch``: ``steps`` timed steps of each mode, taken in
+    ``rounds`` alternating turns), with the copy bandwidth measured in the same run and each
+    case's bandwidth floor."""
     if steps % rounds:
         raise ValueError(f"steps={steps} must be a multiple of rounds={rounds}")
-    if length // 2 + DECODE_WARMUP + steps > length:
-        raise ValueError(f"{DECODE_WARMUP + steps} decode steps after {length // 2} prompt "
+    decoded = DECODE_WARMUP + rounds * TURN_WARMUP + steps
+    if length // 2 + decoded > length:
+        raise ValueError(f"{decoded} decode steps after {length // 2} prompt "
                          f"tokens pass the transformer's window {length}: use a longer "
                          "--decode-window")
     device = torch.device(spec.device)
@@ -556,9 +570,9 @@ def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ..
         model = build_model(cfg).to(device).eval()
         for batch in batches:
             if progress:
-                print(f"  decode {arch:>11} batch {batch}, eager and compiled in turns ...",
+                print(f"  decode {arch:>11} batch {batch}, {', '.join(DECODE_MODES)} in turns ...",
                       file=sys.stderr, flush=True)
-            rows += decode_mode_pair(model, batch, steps, rounds, bandwidth)
+            rows += decode_modes_of_batch(model, batch, steps, rounds, bandwidth)
     return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "steps": steps,
             "rounds": rounds, "cases": rows}
 
@@ -573,10 +587,11 @@ def format_decode_modes(report: dict[str, Any]) -> str:
                      f"{r['tokens_per_s']:>9,.0f} {r['floor_ms']:>8.3f} "
                      f"{r['ratio_to_floor']:>7.2f}")
     by = {(r["arch"], r["batch"], r["mode"]): r for r in report["cases"]}
-    for arch, batch, _ in list(by)[::2]:
-        eager, compiled = by[(arch, batch, "eager")], by[(arch, batch, "compiled")]
+    for arch, batch in dict.fromkeys((a, b) for a, b, _ in by):
+        speed = {mode: by[(arch, batch, mode)]["tokens_per_s"] for mode in DECODE_MODES}
         lines.append(f"{arch} batch {batch}: compiled ÷ eager tokens/s = "
-                     f"{compiled['tokens_per_s'] / eager['tokens_per_s']:.2f}")
+                     f"{speed['compiled'] / speed['eager']:.2f}, compiled ÷ library = "
+                     f"{speed['compiled'] / speed['library']:.2f}")
     return "\n".join(lines)
 
 

@@ -49,8 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "bf16, with tokens/s as a ratio to eager fp32 in the same run")
     parser.add_argument("--decode", action="store_true",
                         help="also measure cached decoding: ECP against the transformer at "
-                             "each of --decode-lengths, then eager and compiled decode steps at "
-                             "batch 1 and 16 at --decode-window, beside the memory-bandwidth "
+                             "each of --decode-lengths, then decode steps at batch 1 and 16 at "
+                             "--decode-window in three modes (eager on library kernels, eager, "
+                             "compiled), each beside the memory-bandwidth "
                              "floor (parameter and cache bytes read per step ÷ the copy "
                              "bandwidth measured in the same run)")
     parser.add_argument("--decode-only", action="store_true",
@@ -58,7 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-lengths", type=_ints, default=[512, 2048, 8192, 16384],
                         metavar="L,L,...", help="sequence lengths for --decode")
     parser.add_argument("--decode-window", type=int, default=1024, metavar="N",
-                        help="the window N of the eager/compiled decoding comparison "
+                        help="the window N of the decode-modes comparison "
                              "(default: 1024; a multiple of --segment-len)")
     parser.add_argument("--json", type=Path, metavar="FILE", help="write all results as JSON")
     parser.add_argument("--plot", type=Path, metavar="FILE.png",

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.attention.core import Attention
+from ecp_lm.models.attention.native import decode_linear
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding
 from ecp_lm.models.rows import Rows
@@ -33,6 +34,10 @@ class FeedForward(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.dropout(self.down(self.act(self.up(x))))
+
+    def decode(self, x: Tensor) -> Tensor:
+        """``forward`` for the one row per batch row of a decode step (``decode_linear``)."""
+        return self.dropout(decode_linear(self.down, self.act(decode_linear(self.up, x))))
 
 
 class Block(nn.Module):
@@ -58,7 +63,7 @@ class Block(nn.Module):
         """One token per batch row at positions ``pos`` (B,) against ``cache`` (see
         ``Attention.decode``): (B, 1, d) -> (B, 1, d)."""
         x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
-        return self.feed_forward(x)
+        return x + self.dropout(self.ff.decode(self.ff_norm(x)))
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
                 context: ContextGroup | None = None) -> tuple[Tensor, Rows]:

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.archs import architecture
+from ecp_lm.models.attention.native import decode_linear
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.context_parallel import ContextGroup
 from ecp_lm.models.rope import RotaryEmbedding
@@ -180,7 +181,7 @@ class LanguageModel(nn.Module):
             rotation = rope.rotation(pos[:, None], caches[0].k.dtype, x.device)
         for block, cache in zip(self.blocks, caches, strict=True):
             x = block.decode(x, pos, cache, span, rotation)
-        return self.head(self.norm(x))[:, -1]
+        return decode_linear(self.head, self.norm(x))[:, -1]
 
     def loss(self, tokens: Tensor, context: ContextGroup | None = None) -> Tensor:
         """Mean next-token cross-entropy over the predicted positions of ``tokens[:, :-1]``;

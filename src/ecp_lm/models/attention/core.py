@@ -6,6 +6,7 @@ This module owns the parameters; which keys a query may see is the architecture'
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,6 +18,7 @@ from ecp_lm.models.attention.kernels import (
     flex_attention_from_mask,
     reference_attention,
 )
+from ecp_lm.models.attention.native import decode_linear
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.rope import RotaryEmbedding, rotate
 from ecp_lm.models.rows import Rows
@@ -43,12 +45,14 @@ class Attention(nn.Module):
         b, r, _ = x.shape
         return x.view(b, r, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, R, D)
 
-    def _project(self, x: Tensor, n_query: int) -> tuple[Tensor, Tensor, Tensor]:
+    def _project(self, x: Tensor, n_query: int, linear: Callable[[nn.Linear, Tensor], Tensor]
+                 = nn.Linear.__call__) -> tuple[Tensor, Tensor, Tensor]:
         """Queries of the last ``n_query`` rows of x (B, R, d), keys and values of all of them,
-        in heads (B, H, ·, D), before the rotary embedding."""
-        q = self._heads(self.q_proj(x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
-        k = self._heads(self.k_proj(x))  # (B, H, R, D)
-        v = k if self.v_proj is None else self._heads(self.v_proj(x))
+        in heads (B, H, ·, D), before the rotary embedding; ``linear(layer, x)`` applies each
+        projection."""
+        q = self._heads(linear(self.q_proj, x[:, x.size(1) - n_query:]))  # (B, H, Rq, D)
+        k = self._heads(linear(self.k_proj, x))  # (B, H, R, D)
+        v = k if self.v_proj is None else self._heads(linear(self.v_proj, x))
         return q, k, v
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
@@ -83,7 +87,7 @@ class Attention(nn.Module):
         slots where the caller knows only those are in use (``KVCache.slots_in_use``).
         ``rotation``: the rotary embedding's (cos, sin) at ``pos``, computed once per step for
         every layer (``RotaryEmbedding.rotation``); computed here if None."""
-        q, k, v = self._project(x, 1)  # (B, H, 1, D) each
+        q, k, v = self._project(x, 1, decode_linear)  # (B, H, 1, D) each
         if self.rope is not None:
             if rotation is None:
                 rotation = self.rope.rotation(pos[:, None], q.dtype, q.device)
@@ -93,7 +97,7 @@ class Attention(nn.Module):
         if span is not None:
             keys, values, slot_pos = keys[:, :, :span], values[:, :, :span], slot_pos[:, :span]
         out = cached_attention(q, keys, values, self.arch.mask, pos[:, None], slot_pos)
-        return self.out_proj(out.transpose(1, 2).reshape(x.size(0), 1, -1))
+        return decode_linear(self.out_proj, out.transpose(1, 2).reshape(x.size(0), 1, -1))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
         """q: the last Rq of the key rows ``rows``."""

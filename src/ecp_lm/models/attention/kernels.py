@@ -208,7 +208,11 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tensor,
         allowed = mask(q_pos, kv_pos, heads)
     else:
         allowed = mask(q_pos, kv_pos)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed & (kv_pos >= 0))
+    allowed = allowed & (kv_pos >= 0)
+    out = native.decode_attention(q, k, v, allowed)
+    if out is not None:
+        return out
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
 
 
 # FlexAttention --------------------------------------------------------------------------------

@@ -20,6 +20,12 @@ block-local block of b queries when block = b (against b(b + 1)/2). ``default_bl
 block per rule: 32 (``WINDOW_BLOCK``) for sliding windows, 64 (``BLOCK``) for ECP with 64 | m,
 otherwise a block that starts on the rule's boundaries where one of a useful size exists.
 
+The same library holds the two kernels of a decode step (``csrc/decode.cpp``), where each new
+token reads every weight and every cached key and value once: ``linear_rows``, the linear maps of
+a few rows (``decode_linear``), and ``query_attention``, one query row against a cache's slots
+(``decode_attention``). Both stream their inputs once at memory speed, where a library matrix
+product of one row and SDPA with one query run well below it.
+
 It is compiled with the system C++ compiler on first use (a few seconds) and cached by
 ``torch.utils.cpp_extension`` under ``$TORCH_EXTENSIONS_DIR`` (default
 ``~/.cache/torch_extensions``), in one folder per Python, torch version, CPU instruction set and
@@ -30,6 +36,7 @@ flash-attention kernels of ``segment_lse.py``. ``ECP_LM_NATIVE=0`` turns it off.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import math
@@ -38,12 +45,14 @@ import platform
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("csrc") / "band_attention.cpp"
+SOURCES = tuple(Path(__file__).with_name("csrc") / name
+                for name in ("band_attention.cpp", "decode.cpp"))
 BLOCK = 64  # query rows per work item for ECP-like rules
 WINDOW_BLOCK = 32  # query rows per work item for sliding windows (see default_block)
 DTYPES = (torch.float32, torch.float64, torch.bfloat16)
@@ -65,9 +74,9 @@ def _cpu_tag() -> str:
 
 
 def _source_tag() -> str:
-    """A short hash of the C++ source: another source builds in another folder."""
+    """A short hash of the C++ sources: other sources build in another folder."""
     try:
-        return hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:8]
+        return hashlib.sha256(b"".join(s.read_bytes() for s in SOURCES)).hexdigest()[:8]
     except OSError:  # missing source: the build fails and says so
         return "nosource"
 
@@ -123,8 +132,8 @@ def _build() -> bool:
         folder = build_directory()
         folder.mkdir(parents=True, exist_ok=True)
         _remove_stale_lock(folder)
-        build(name=_OPS, sources=[str(SOURCE)], extra_cflags=_cflags(), build_directory=str(folder),
-              is_python_module=False, verbose=False)
+        build(name=_OPS, sources=[str(s) for s in SOURCES], extra_cflags=_cflags(),
+              build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # no compiler, no headers, no ninja: fall back, say so once
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         warnings.warn(f"the native ECP kernel could not be built ({reason}); using the "
@@ -146,6 +155,14 @@ def _register_python_parts() -> None:
     @torch.library.register_fake(f"{_OPS}::band_attention_backward")
     def _(grad, q, k, v, out, lse, period, shift, back, block):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    @torch.library.register_fake(f"{_OPS}::linear_rows")
+    def _(x, weight, bias):
+        return x.new_empty(*x.shape[:-1], weight.size(0))
+
+    @torch.library.register_fake(f"{_OPS}::query_attention")
+    def _(q, k, v, allowed):
+        return torch.empty_like(q, memory_format=torch.contiguous_format)
 
     def setup_context(ctx, inputs, output):
         q, k, v, *ctx.rule_and_block = inputs
@@ -217,3 +234,47 @@ def segment_attention(q: Tensor, k: Tensor, v: Tensor, block: int | None = None)
     b, h, s, m, d = q.shape
     flat = [x.reshape(b, h, s * m, d) for x in (q, k, v)]
     return band_attention(*flat, (m, 0, m), block).reshape(b, h, s, m, d)
+
+
+DECODE_ROWS = 8
+"""The most rows ``decode_linear`` sends to the native kernel (a decode step has one per batch
+row); more go to ``nn.Linear``'s matrix product, which is as fast from about 8 rows on."""
+
+_decode_kernels = True
+
+
+@contextlib.contextmanager
+def library_decode() -> Iterator[None]:
+    """Within the block, eager decode steps run ``nn.Linear`` and SDPA instead of the native
+    decode kernels: the library kernels decoding ran on before them (``ecp bench`` compares)."""
+    global _decode_kernels
+    before, _decode_kernels = _decode_kernels, False
+    try:
+        yield
+    finally:
+        _decode_kernels = before
+
+
+def decode_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
+    """``linear(x)`` for the few rows of a decode step (x (..., in), at most ``DECODE_ROWS`` rows):
+    on CPU in float32 without autograd, the native ``linear_rows`` kernel, which streams the
+    weight once at the machine's memory speed where a library matrix product of one row runs
+    well below it (``csrc/decode.cpp``); otherwise ``linear(x)`` itself."""
+    if (_decode_kernels and x.device.type == "cpu" and x.dtype == torch.float32
+            and linear.weight.dtype == torch.float32 and not torch.is_grad_enabled()
+            and x.numel() <= DECODE_ROWS * x.size(-1) and load()):
+        return getattr(torch.ops, _OPS).linear_rows(x, linear.weight, linear.bias)
+    return linear(x)
+
+
+def decode_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor | None:
+    """One query row per batch row and head against cached keys and values, q (B, H, 1, D),
+    k and v (B, H, S, D), ``allowed`` (B, 1 or H, 1, S) bool: on CPU in float32 without autograd,
+    the native ``query_attention`` kernel, one pass over the keys and one over the values
+    (``csrc/decode.cpp``); None where it does not apply (the caller runs SDPA)."""
+    if (_decode_kernels and q.device.type == "cpu"
+            and q.dtype == k.dtype == v.dtype == torch.float32
+            and q.size(2) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
+            and not torch.is_grad_enabled() and load()):
+        return getattr(torch.ops, _OPS).query_attention(q, k, v, allowed[:, :, 0])
+    return None
