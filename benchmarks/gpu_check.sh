@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # For a machine with a CUDA GPU: the GPU correctness tests, ECP's attention kernels on the GPU
 # (FlexAttention against segment-batched SDPA, bf16, forward + backward), then `ecp bench` on the
-# GPU (bf16), eager against compiled decoding and the training step in its four modes, in under
+# GPU (bf16), decoding in its three modes and the training step in its four, in under
 # 10 minutes. Results go to $OUT (default benchmarks/results): gpu_tests.txt,
 # attention_gpu.json, bench_gpu.json, bench_gpu.png, decode_gpu.json, train_modes_gpu.json.
 # Uses the torch already installed if it sees a GPU, otherwise creates .venv and installs the
