@@ -20,6 +20,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from typing import Any
 
 import torch
@@ -71,6 +72,12 @@ def _pass_through(q, k, v, rows):
     return q + (k.sum() + v.sum()) * 0.0
 
 
+def pass_attention_through(model) -> None:
+    """Replace every layer's attention by ``_pass_through``."""
+    for block in model.blocks:
+        block.attn._attend = _pass_through
+
+
 def memory_mark(device: torch.device) -> int:
     """Start measuring peak memory: resets CUDA's peak; returns the baseline ``peak_bytes``
     subtracts (on CPU the process's max resident set so far, KiB)."""
@@ -87,6 +94,13 @@ def peak_bytes(device: torch.device, mark: int) -> int:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - mark) * 1024
 
 
+def train_step(loss, tokens, optimizer) -> None:
+    """One training step as every benchmark here times it: forward, backward, optimizer."""
+    loss(tokens).backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
 def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[float]:
     """Seconds of each of ``spec.repeats`` training steps on ``tokens``, after ``spec.warmup``
     untimed ones; ``loss``: the function the step differentiates (default ``model.loss``)."""
@@ -100,9 +114,7 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[flo
     for i in range(spec.warmup + spec.repeats):
         sync()
         start = time.perf_counter()
-        loss(tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(loss, tokens, optimizer)
         sync()
         if i >= spec.warmup:
             times.append(time.perf_counter() - start)
@@ -130,8 +142,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
         peak = peak_bytes(device, mark)
         bare = None
         if not spec.compile:
-            for block in model.blocks:
-                block.attn._attend = _pass_through
+            pass_attention_through(model)
             bare = statistics.median(time_steps(model, optimizer, tokens, spec))
         share = (product_share(model, optimizer, tokens, loss)
                  if spec.profile and device.type == "cpu" else None)
@@ -163,12 +174,9 @@ def product_share(model, optimizer, tokens, loss=None) -> float:
     """The share of one training step's wall time (under torch's profiler, on CPU) spent inside
     ``PRODUCT_KERNELS``: the step with everything else removed is this share of it, so
     1 / share bounds what fusing the rest can gain."""
-    loss = loss or model.loss
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
         start = time.perf_counter()
-        loss(tokens).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        train_step(loss or model.loss, tokens, optimizer)
         wall = time.perf_counter() - start
     inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_KERNELS)
     return min(inside / 1e6 / wall, 1.0)
@@ -279,8 +287,12 @@ def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
     the step's matrix-product FLOPs at the matrix-product rate measured here, on the cases'
     threads, before and after them)."""
     device, precisions = torch.device(spec.device), sorted({p for _, p in TRAIN_MODES})
-    with torch_threads(spec.threads):  # measured before and after the cases: the faster
-        before = {name: matmul_rate(device, DTYPES[name], spec.d_model) for name in precisions}
+
+    def rates() -> dict[str, float]:
+        with torch_threads(spec.threads):
+            return {name: matmul_rate(device, DTYPES[name], spec.d_model) for name in precisions}
+
+    before = rates()  # measured before and after the cases: the faster counts
     rows = []
     for compiled, precision in TRAIN_MODES:
         rows += run(archs, seq_lens, replace(spec, compile=compiled, precision=precision,
@@ -289,11 +301,9 @@ def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
             if (r["compiled"], r["precision"]) == TRAIN_MODES[0]}
     for r in rows:
         r["speedup"] = r["tokens_per_s"] / base[(r["arch"], r["seq_len"])]["tokens_per_s"]
-    with torch_threads(spec.threads):
-        rates = {name: max(before[name], matmul_rate(device, DTYPES[name], spec.d_model))
-                 for name in precisions}
+    after = rates()
     flops = {case: step_flops(model_config(*case, spec), spec.batch_size) for case in base}
-    add_flop_floor(rows, rates, flops)
+    add_flop_floor(rows, {name: max(before[name], after[name]) for name in precisions}, flops)
     return rows
 
 
@@ -308,14 +318,7 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, d_model: int, rows: in
                     (rows, d_model, 4 * d_model), (rows, 4 * d_model, d_model)):
         a = torch.randn(m, k, device=device).to(dtype)
         b = torch.randn(k, n, device=device).to(dtype)
-        a @ b
-        times = []
-        for _ in range(repeats):
-            _sync(device)
-            start = time.perf_counter()
-            a @ b
-            _sync(device)
-            times.append(time.perf_counter() - start)
+        times = _seconds(partial(torch.matmul, a, b), device, repeats)
         best = max(best, 2 * m * k * n / min(times))
     return best
 
@@ -331,8 +334,7 @@ def step_flops(cfg: ModelConfig, batch: int) -> int:
     with torch.device("meta"):
         model = build_model(cfg)
         tokens = torch.zeros(batch, cfg.seq_len, dtype=torch.long)
-    for block in model.blocks:
-        block.attn._attend = _pass_through
+    pass_attention_through(model)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(tokens)
     return 3 * (counter.get_total_flops() + batch * attention_cost(cfg).flops)
@@ -453,19 +455,25 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _seconds(work, device: torch.device, repeats: int) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``work``, after one untimed call."""
+    work()
+    times = []
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        work()
+        _sync(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
     """Bytes per second this machine moves copying a buffer far larger than its caches: each
     byte is read once and written once, and both count (median of ``repeats`` copies)."""
     src = torch.rand(mib * 2**20 // 4, device=device)
     dst = torch.empty_like(src)
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        start = time.perf_counter()
-        dst.copy_(src)
-        _sync(device)
-        times.append(time.perf_counter() - start)
+    times = _seconds(lambda: dst.copy_(src), device, repeats)
     return 2 * src.numel() * src.element_size() / statistics.median(times)
 
 

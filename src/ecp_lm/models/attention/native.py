@@ -255,14 +255,20 @@ def library_decode() -> Iterator[None]:
         _decode_kernels = before
 
 
+def _decodes_natively(*tensors: Tensor) -> bool:
+    """Whether the native decode kernels take these tensors: all on CPU in float32, autograd
+    off, the library built, and not inside ``library_decode``."""
+    return (_decode_kernels and not torch.is_grad_enabled()
+            and all([t.device.type == "cpu" and t.dtype == torch.float32 for t in tensors])
+            and load())
+
+
 def decode_linear(linear: torch.nn.Linear, x: Tensor) -> Tensor:
     """``linear(x)`` for the few rows of a decode step (x (..., in), at most ``DECODE_ROWS`` rows):
     on CPU in float32 without autograd, the native ``linear_rows`` kernel, which streams the
     weight once at the machine's memory speed where a library matrix product of one row runs
     well below it (``csrc/decode.cpp``); otherwise ``linear(x)`` itself."""
-    if (_decode_kernels and x.device.type == "cpu" and x.dtype == torch.float32
-            and linear.weight.dtype == torch.float32 and not torch.is_grad_enabled()
-            and x.numel() <= DECODE_ROWS * x.size(-1) and load()):
+    if x.numel() <= DECODE_ROWS * x.size(-1) and _decodes_natively(x, linear.weight):
         return getattr(torch.ops, _OPS).linear_rows(x, linear.weight, linear.bias)
     return linear(x)
 
@@ -272,9 +278,6 @@ def decode_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor) -> Tensor
     k and v (B, H, S, D), ``allowed`` (B, 1 or H, 1, S) bool: on CPU in float32 without autograd,
     the native ``query_attention`` kernel, one pass over the keys and one over the values
     (``csrc/decode.cpp``); None where it does not apply (the caller runs SDPA)."""
-    if (_decode_kernels and q.device.type == "cpu"
-            and q.dtype == k.dtype == v.dtype == torch.float32
-            and q.size(2) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
-            and not torch.is_grad_enabled() and load()):
+    if q.size(2) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1 and _decodes_natively(q, k, v):
         return getattr(torch.ops, _OPS).query_attention(q, k, v, allowed[:, :, 0])
     return None
