@@ -67,3 +67,23 @@ def tiny_run_config(tmp_path, arch: str = "ecp", overrides=(), **train):
                       "checkpoint_every": 2, "log_every": 1, "eval_max_tokens": 300,
                       "eval_batch_size": 4, **train}}
     return RunConfig.from_dict(data, list(overrides))
+
+
+def trained_runs(tmp_path, archs, steps: int) -> dict:
+    """A tiny trained byte-level run folder per architecture, ``{arch: folder}``."""
+    from ecp_lm.train import train
+
+    out = {}
+    for arch in archs:
+        train(tiny_run_config(tmp_path, arch, steps=steps), tmp_path / arch, progress=False)
+        out[arch] = tmp_path / arch
+    return out
+
+
+def run_cli(capsys, *argv):
+    """``ecp ARGV``: (exit code, stdout, stderr)."""
+    from ecp_lm.cli import main
+
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err

@@ -12,7 +12,8 @@ from torch import nn
 from ecp_lm import build_model
 from ecp_lm.cli import main
 from ecp_lm.data.batches import eval_windows
-from ecp_lm.data.tokenizers import ByteTokenizer
+from ecp_lm.data.cache import prepare
+from ecp_lm.data.sources import open_source
 from ecp_lm.evaluate import lm_report, score_stream, scored_text
 from ecp_lm.train import train
 from helpers import random_tokens, tiny_config, tiny_run_config
@@ -49,14 +50,19 @@ def test_bigram_nll_is_exact(num_tokens, seq_len, stride):
             assert nll == pytest.approx(expected, rel=1e-6)  # float32 logits; one term is ~5
 
 
-def test_report_normalisations():
-    tokens = np.frombuffer(b"one two\nthree four five\nsix", dtype=np.uint8)
-    text = scored_text(tokens, ByteTokenizer(), seq_len=4, stride=2)  # scored from index 3
-    assert text.num_bytes == len(tokens) - 3
-    assert text.num_words == len(b" two\nthree four five\nsix".split()) + 2
-    report = lm_report(nll_sum=10 * math.log(2), tokens_scored=5, text=text)
-    assert report["bits_per_byte"] == pytest.approx(10 / text.num_bytes)
-    assert report["ppl_word"] == pytest.approx(math.exp(10 * math.log(2) / text.num_words))
+def test_report_normalisations(tmp_path):
+    text = b"one two\nthree four five\nsix"
+    (tmp_path / "t.txt").write_bytes(text)
+    source = open_source("text", splits={s: str(tmp_path / "t.txt") for s in
+                                         ("train", "valid", "test")})
+    cache = prepare(source, "bytes", out=tmp_path / "cache", progress=False)
+    scored = scored_text(cache, "valid", 3, len(text))  # seq_len=4, stride=2: from index 3
+    assert scored.num_bytes == len(text) - 3
+    # words, plus one per line: the last line counts without its line end
+    assert scored.num_words == len(b" two\nthree four five\nsix".split()) + 3
+    report = lm_report(nll_sum=10 * math.log(2), tokens_scored=5, text=scored)
+    assert report["bits_per_byte"] == pytest.approx(10 / scored.num_bytes)
+    assert report["ppl_word"] == pytest.approx(math.exp(10 * math.log(2) / scored.num_words))
     assert report["loss"] == pytest.approx(2 * math.log(2))
 
 

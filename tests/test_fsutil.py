@@ -385,8 +385,56 @@ def test_remove_directory_leaves_nothing_to_fall_back_to(tmp_path):
     live.mkdir()  # one a living process is about to link: not ours to remove
     remove_directory(out)
     assert not out.exists() and not out.is_symlink()
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".best.lock", live.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name]  # no lock file left
     assert current_version(out) == live
     live.rmdir()
     assert current_version(out) == out and not out.exists()
     remove_directory(tmp_path / "never-made")  # nothing to remove is fine
+
+
+def _count_under_lock(lock: Path, counter: Path, times: int) -> None:
+    from ecp_lm.fsutil import locked
+
+    for _ in range(times):
+        with locked(lock):
+            value = int(counter.read_text())
+            time.sleep(0.0005)
+            counter.write_text(str(value + 1))
+
+
+def test_locks_exclude_each_other_and_leave_no_file(tmp_path):
+    """The lock file is removed on every release; waiters that woke up on a removed file lock
+    the one that is there now, so no two holders ever overlap."""
+    lock, counter = tmp_path / ".x.lock", tmp_path / "counter"
+    counter.write_text("0")
+    ctx = mp.get_context("fork")
+    workers = [ctx.Process(target=_count_under_lock, args=(lock, counter, 40)) for _ in range(4)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join(timeout=120)
+        assert w.exitcode == 0
+    assert int(counter.read_text()) == 160
+    assert not lock.exists()
+
+
+def test_try_locked_names_the_holder(tmp_path):
+    from ecp_lm.fsutil import LockHeldError, try_locked
+
+    lock = tmp_path / ".run.lock"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time; from ecp_lm.fsutil import try_locked\n"
+        f"with try_locked({str(lock)!r}):\n print('held', flush=True); time.sleep(60)")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(LockHeldError) as held, try_locked(lock):
+            pass
+        assert held.value.pid == holder.pid
+    finally:
+        holder.kill()
+        holder.wait()
+    assert lock.exists()  # a killed holder leaves the file, but not the lock
+    with try_locked(lock):
+        pass
+    assert not lock.exists()

@@ -73,10 +73,17 @@ def logged_step(out) -> int:
     return max(steps)
 
 
+def best_within_latest(out) -> None:
+    """What a stopped run leaves: ``best/``, if any, holds a step ``latest/`` holds too."""
+    if (out / "best").exists():
+        latest = read_checkpoint(out / "latest").meta["step"]
+        assert read_checkpoint(out / "best").meta["step"] <= latest
+
+
 def interrupt_until_done(config_path, out, signum, instants):
     """For each instant (a step to reach, or None for start-up, and a delay after it): start the
-    run, signal it then, let it exit; finally run it to the end. Returns (exit code, output) of
-    every attempt the signal stopped."""
+    run, signal it then, let it exit, and check that ``best/`` is within ``latest/``; finally
+    run it to the end. Returns (exit code, output) of every attempt the signal stopped."""
     stopped = []
     for step, delay in instants:
         proc = start(config_path, out)
@@ -90,6 +97,7 @@ def interrupt_until_done(config_path, out, signum, instants):
         out_text, err = proc.communicate(timeout=120)
         if proc.returncode != 0:  # 0: it had finished before the signal came
             stopped.append((proc.returncode, err + out_text))
+        best_within_latest(out)
     proc = start(config_path, out)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err
@@ -110,6 +118,10 @@ def assert_same_run(reference, out):
     expected = read_checkpoint(reference / "latest").load_model()
     for name, tensor in expected.state_dict().items():
         assert torch.equal(tensor, model.state_dict()[name]), name
+    best, expected_best = read_checkpoint(out / "best"), read_checkpoint(reference / "best")
+    assert best.meta["step"] == expected_best.meta["step"]
+    for name, tensor in expected_best.load_model().state_dict().items():
+        assert torch.equal(tensor, best.load_model().state_dict()[name]), name
     lines = (out / "metrics.jsonl").read_text().splitlines()
     records = [json.loads(line) for line in lines]  # every line is complete JSON
     train_steps = [r["step"] for r in records if r["kind"] == "train"]

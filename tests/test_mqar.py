@@ -299,5 +299,6 @@ def test_runner_writes_reports_and_resumes_without_training(tmp_path, monkeypatc
     assert (out / "results.md").read_text() == text
     # Another step count does not mix with the folder's runs.
     with pytest.raises(ValueError, match="use another --out"):
-        mqar.main(["--budget", "tiny", "--out", str(out), "--quiet", "--threads", "1",
-                   "--steps", "3"])
+        mqar.run_experiment("tiny", out, steps=3, progress=False)
+    assert mqar.main(["--budget", "tiny", "--out", str(out), "--quiet", "--threads", "1",
+                      "--steps", "3"]) == 2  # the same, as one line

@@ -14,11 +14,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ecp_lm.checkpoint import read_checkpoint
-from ecp_lm.cli import main
 from ecp_lm.data.cache import open_run_cache
 from ecp_lm.evaluate import per_position_loss, position_report, score_stream, window_length
-from ecp_lm.train import train
-from helpers import PERCEIVER_FAMILY, random_tokens, sharp_model, tiny_run_config
+from helpers import (
+    PERCEIVER_FAMILY,
+    random_tokens,
+    run_cli,
+    sharp_model,
+    trained_runs,
+)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -176,18 +180,7 @@ def test_window_length_refuses_longer_windows_for_bounded_archs():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """A tiny trained ecp run and transformer run (N = 32, m = 8, byte tokens)."""
-    tmp = tmp_path_factory.mktemp("per_position")
-    out = {}
-    for arch in ("ecp", "transformer"):
-        train(tiny_run_config(tmp, arch, steps=2), tmp / arch, progress=False)
-        out[arch] = tmp / arch
-    return out
-
-
-def run_cli(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
+    return trained_runs(tmp_path_factory.mktemp("per_position"), ("ecp", "transformer"), steps=2)
 
 
 def checkpoint_and_tokens(run, split="test"):

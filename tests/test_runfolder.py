@@ -102,7 +102,30 @@ def test_train_or_resume_after_a_kill_before_the_first_checkpoint(tmp_path):
     cfg = tiny_run_config(tmp_path, steps=2)
     run = killed_before_first_checkpoint(tmp_path, cfg)
     (run / "best").mkdir()  # from an attempt killed between best/ and latest/
-    (run / "best" / "meta.json").write_text("{}")
+    (run / "best" / "meta.json").write_text('{"format": "ecp-lm-checkpoint/1", "step": 1}')
     train_or_resume(cfg, run, progress=False)
     assert read_checkpoint(run / "latest").meta["step"] == 2
     assert read_checkpoint(run / "best").meta["kind"] == "best"
+
+
+@pytest.mark.parametrize("with_checkpoint", [False, True], ids=["none-yet", "kept"])
+def test_a_second_ctrl_c_says_what_is_kept(tmp_path, capsys, monkeypatch, with_checkpoint):
+    import ecp_lm.train
+    from ecp_lm.interrupts import Interrupted
+
+    cfg = tiny_run_config(tmp_path, steps=2)
+    path = tmp_path / "run.yaml"
+    cfg.to_yaml(path)
+    out = tmp_path / "run"
+    if with_checkpoint:
+        train(cfg, out, progress=False, stop_at=1)
+
+    def stopped_at_once(*args, **kwargs):  # a second Ctrl-C: no checkpoint on the way out
+        raise Interrupted(2, None)
+
+    monkeypatch.setattr(ecp_lm.train, "train", stopped_at_once)
+    argv = ["train", "--config", str(path), "--out", str(out), "--quiet", "--resume"]
+    assert main(argv) == 130
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ("checkpoint in" in err and "is kept" in err) == \
+        with_checkpoint, err

@@ -72,9 +72,12 @@ def test_nan_loss_stops_without_overwriting(tmp_path):
     before = (tmp_path / "run" / "latest" / "model.safetensors").read_bytes()
     bad = tiny_run_config(tmp_path, steps=4, warmup_steps=0)
     bad.train.lr = math.inf  # the first update turns every weight into nan
-    with pytest.raises(TrainingDivergedError, match="loss is nan at step"):
+    with pytest.raises(TrainingDivergedError, match="loss is nan at step 2; stopped without "
+                       "writing, no checkpoint had been written"):
         train(bad, tmp_path / "run2", progress=False)
     assert not (tmp_path / "run2" / "latest").exists()
+    with pytest.raises(TrainingDivergedError, match=r"the last good checkpoint \(step 2\) in "):
+        train(bad, tmp_path / "run", resume=True, progress=False)
     assert (tmp_path / "run" / "latest" / "model.safetensors").read_bytes() == before
 
 

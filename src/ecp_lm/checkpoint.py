@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from safetensors.torch import load_file, save_file
 
 from ecp_lm import __version__
 from ecp_lm.data.tokenizers import Tokenizer, load_saved
-from ecp_lm.fsutil import atomic_directory, current_version
+from ecp_lm.fsutil import atomic_directory, current_version, file_mode
 from ecp_lm.models import LanguageModel, build_model
 from ecp_lm.runconfig import RunConfig
 
@@ -117,6 +118,15 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     return Checkpoint(directory, config, meta, shown)
 
 
+def is_checkpoint_folder(path: Path) -> bool:
+    """Whether ``path`` holds a checkpoint's ``meta.json`` (a folder an earlier release wrote in
+    place, which a new save may replace)."""
+    try:
+        return json.loads((Path(path) / META).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def save_checkpoint(out: Path, model_state: dict[str, torch.Tensor], config: RunConfig,
                     tokenizer: Tokenizer | None, trainer_state: dict[str, Any] | None,
                     meta: dict[str, Any]) -> None:
@@ -124,8 +134,9 @@ def save_checkpoint(out: Path, model_state: dict[str, torch.Tensor], config: Run
     weights = _dedupe(model_state)
     meta = {"arch": config.model.arch, "param_shapes_sha256": param_shapes_digest(model_state),
             **meta}
-    with atomic_directory(out) as tmp:
+    with atomic_directory(out, is_checkpoint_folder) as tmp:
         save_file(weights, tmp / WEIGHTS)
+        os.chmod(tmp / WEIGHTS, file_mode())  # safetensors writes 0600 whatever the umask
         config.to_yaml(tmp / CONFIG)
         if tokenizer is not None:
             tokenizer.save(tmp)
@@ -133,6 +144,21 @@ def save_checkpoint(out: Path, model_state: dict[str, torch.Tensor], config: Run
             torch.save(trainer_state, tmp / TRAINER)
         meta = {"format": FORMAT, "ecp_lm_version": __version__, **meta}
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
+
+
+def copy_checkpoint(src: Path, out: Path, **meta: Any) -> None:
+    """Write the checkpoint ``src`` again as ``out`` (atomically), its weights, config and
+    tokenizer as they are (hard links where the file system allows) and its ``meta.json``
+    updated with ``meta``; the trainer state is left out (``best/`` holds weights only)."""
+    ckpt = read_checkpoint(src)
+    with atomic_directory(out, is_checkpoint_folder) as tmp:
+        for name in (WEIGHTS, CONFIG, "tokenizer.json"):
+            if (ckpt.directory / name).is_file():
+                try:
+                    os.link(ckpt.directory / name, tmp / name)
+                except OSError:
+                    shutil.copyfile(ckpt.directory / name, tmp / name)
+        (tmp / META).write_text(json.dumps({**ckpt.meta, **meta}, indent=2) + "\n")
 
 
 def param_shapes_digest(state: dict[str, torch.Tensor]) -> str:

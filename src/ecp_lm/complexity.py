@@ -139,11 +139,16 @@ def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str]) -> list
     An architecture whose constraints the sizes break (e.g. ssplit needs h divisible by S)
     raises the config's ValueError, prefixed with the architecture's name.
     """
+    from ecp_lm.models.archs import architecture
+
     fields = base.to_dict() if isinstance(base, ModelConfig) else dict(base)
     costs = []
     for arch in archs:
+        own = {**fields, "arch": arch}
+        if "window" not in architecture(arch).size_fields:  # sizes only the windowed patterns
+            own.pop("window", None)
         try:
-            cfg = ModelConfig.from_dict({**fields, "arch": arch})
+            cfg = ModelConfig.from_dict(own)
         except ValueError as err:
             raise ValueError(f"{arch}: {err}") from err
         costs.append(attention_cost(cfg))

@@ -108,6 +108,10 @@ class ModelConfig:
                 raise ValueError(f"{name}={value!r} must be an integer")
         if self.window is not None and self.window < 1:
             raise ValueError(f"window={self.window} must be a positive integer")
+        if self.window is not None and "window" not in architecture(self.arch).size_fields:
+            users = [a for a in REGISTRY if "window" in architecture(a).size_fields]
+            raise ValueError(f"window={self.window} is set, but arch={self.arch!r} has no window "
+                             f"(only {' and '.join(users)} use one); leave window unset (null)")
         if self.latent_len is None:
             self.latent_len = max(1, self.seq_len // 2)
         architecture(self.arch).configure(self)

@@ -19,9 +19,12 @@ import torch
 
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.evaluate import evaluate_checkpoint
+from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.generation import generate
+from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
+from ecp_lm.runfolder import holds_runs
 from ecp_lm.train import train_or_resume
 
 ARCHS = ("ecp", "perceiver_ar")
@@ -39,7 +42,7 @@ def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
              progress: bool = True) -> dict[str, Any]:
     if steps is not None and steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
-    out_dir = Path(out_dir)
+    out_dir = output_folder(out_dir, "demo", legacy=holds_runs)
     start = time.perf_counter()
     rows = []
     for arch in ARCHS:
@@ -61,7 +64,7 @@ def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
                     title="enwiki-mini (bytes): ECP vs PerceiverAR")
     result = {"rows": rows, "prompt": prompt, "sample": sample, "plot": str(png),
               "seconds": time.perf_counter() - start}
-    (out_dir / "results.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_bytes_atomic(out_dir / "results.json", (json.dumps(result, indent=2) + "\n").encode())
     return result
 
 

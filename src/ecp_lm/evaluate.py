@@ -12,6 +12,11 @@ length (``model.arch.max_len is None``: ecp and the local baselines); the defaul
 the same rule applied to the window T: min(T/2, l). Every other architecture scores windows of at
 most its N.
 
+Stream scoring (``score_stream_cached``), for those same architectures: the split is read as one
+stream through the model's KV caches, chunk by chunk, so that every target from stream index 1
+on is scored exactly once with all the context before it that the architecture sees, in memory
+fixed by the rings' capacity and the chunk length, not by the split's.
+
 Loss against position (``per_position_loss``): the stream is cut into non-overlapping windows of
 W tokens, each run from position 0 with no carried context, and the next-token loss is averaged
 at each position 0 .. W-1 over the windows (only the positions the architecture predicts: the
@@ -56,21 +61,18 @@ def check_stride(stride: int, seq_len: int, num_predicted: int, arch: str) -> No
 
 @dataclass(frozen=True)
 class ScoredText:
-    """The size of the text whose tokens are scored (targets N - k + 1 .. end)."""
+    """The size of the corpus text whose tokens are scored."""
 
     num_bytes: int
     num_words: int
 
 
-def scored_text(tokens: np.ndarray, tokenizer: Tokenizer, seq_len: int,
-                stride: int) -> ScoredText:
-    """Bytes and words (+ one per line) of the scored part of ``tokens``."""
-    ids = np.asarray(tokens[seq_len - stride + 1:])
-    if tokenizer.kind == "bytes":
-        data = ids.astype(np.uint8).tobytes()
-        return ScoredText(len(data), len(data.split()) + data.count(b"\n"))
-    text = tokenizer.decode(ids)
-    return ScoredText(len(text.encode("utf-8")), len(text.split()) + text.count("\n"))
+def scored_text(cache: TokenCache, split: str, start: int, stop: int) -> ScoredText:
+    """Bytes and words (+ one per line) of the corpus text that ``cache.tokens(split)[start:
+    stop]`` encode, counted on the corpus itself (``TokenCache.text_size``), not on the decoded
+    tokens, which differ from it under a normalising tokenizer or for invalid UTF-8. SPEC §6
+    scores targets ``seq_len - stride + 1`` .. the end of the (possibly cut) stream."""
+    return ScoredText(*cache.text_size(split, start, stop))
 
 
 @torch.no_grad()
@@ -155,6 +157,57 @@ def window_length(model: nn.Module, seq_len: int | None = None) -> int:
                          f"{limit} tokens (its training seq_len); only architectures without a "
                          f"length limit take longer windows")
     return seq_len
+
+
+def check_streamable(model: nn.Module) -> None:
+    """Refuses (ValueError) a model that cannot read a split as one stream: one with a length
+    limit (its context ends at the window) or without a decoding cache."""
+    arch, limit = model.cfg.arch, model.arch.max_len
+    if limit is not None:
+        raise ValueError(f"arch={arch!r} cannot score a stream: it reads windows of at most "
+                         f"{limit} tokens (its training seq_len), so no target sees context "
+                         f"beyond one; stream scoring is for architectures without a length "
+                         f"limit (ecp and the local baselines)")
+    if model.arch.cache_capacity is None or model.cfg.num_classes is not None:
+        raise ValueError(f"arch={arch!r} cannot score a stream: this model has no decoding "
+                         f"cache (a classifier, or an architecture that recomputes its window)")
+
+
+@torch.no_grad()
+def score_stream_cached(model: nn.Module, tokens: np.ndarray, chunk_len: int,
+                        device: torch.device | str = "cpu",
+                        autocast: AbstractContextManager | None = None,
+                        progress: bool = False) -> tuple[float, int]:
+    """(nll_sum in nats, targets scored) of ``tokens`` read as one stream (B = 1) through the
+    model's KV caches: the inputs tokens[:-1] go in chunks of ``chunk_len`` (a prefill, then
+    ``hidden_states`` continuing the caches, exact for any chunk length), and every target
+    tokens[1:] is scored once, with all the context before it that the architecture sees. Only
+    the chunk being scored is read from ``tokens`` (a memory map stays on disk) and held on
+    ``device``, with its logits; the caches are rings of fixed capacity."""
+    check_streamable(model)
+    if isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1:
+        raise ValueError(f"chunk_len={chunk_len!r} must be an integer >= 1")
+    num_targets = len(tokens) - 1
+    if num_targets < 1:
+        raise ValueError(f"a stream of {len(tokens)} tokens has no target to score")
+    was_training = model.training
+    model.eval()
+    nll_sum = torch.zeros((), dtype=torch.float64, device=device)
+    with autocast or nullcontext(), bar(total=num_targets, desc="eval stream", unit="tok",
+                                        enabled=progress) as progress_bar:
+        caches = model.make_caches(1, device)  # in the dtype the model computes in
+        for start in range(0, num_targets, chunk_len):
+            stop = min(start + chunk_len, num_targets)
+            chunk = torch.from_numpy(np.asarray(tokens[start:stop + 1], dtype=np.int64))
+            chunk = chunk.to(device)[None]  # (1, C + 1): inputs and one more target
+            if start == 0:
+                logits = model.prefill(chunk[:, :-1], caches)  # (1, C, V)
+            else:
+                logits = model.head(model.hidden_states(chunk[:, :-1], caches, start))
+            nll_sum += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").double()
+            progress_bar.update(stop - start)
+    model.train(was_training)
+    return nll_sum.item(), num_targets
 
 
 @dataclass(frozen=True)
@@ -326,7 +379,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
     nll, count = score_stream(model, tokens, n, stride, batch_size, run.device, run.context,
                               progress=progress)
-    report = lm_report(nll, count, scored_text(tokens, tokenizer, n, stride))
+    report = lm_report(nll, count, scored_text(cache, split, n - stride + 1, len(tokens)))
     return {**run.head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
 
 
@@ -357,6 +410,32 @@ def per_position_checkpoint(path: str | Path, split: str = "valid", seq_len: int
     name = shown.parent.name if shown.name in ("best", "latest") else shown.name
     return {"kind": "per_position", "run": name, **run.head, "data": str(cache.path),
             "tokenizer": tokenizer.kind, **position_report(result, cfg.model.segment_len)}
+
+
+def stream_checkpoint(path: str | Path, split: str = "valid", chunk_len: int | None = None,
+                      device: str = "cpu", max_tokens: int | None = None,
+                      data_path: str | None = None, progress: bool = True,
+                      precision: str | None = None) -> dict[str, Any]:
+    """Score a checkpoint on a split read as one stream (``score_stream_cached``), in chunks of
+    ``chunk_len`` tokens (default the run's N), for architectures without a length limit. The
+    report has ``evaluate_checkpoint``'s fields, with ``mode`` "stream" and ``chunk_len`` in
+    place of ``seq_len`` and ``stride``; the scored text is that of targets 1 .. the end."""
+    _check_eval_args(split, None, 1, max_tokens)
+    run = _open(path, split, device, precision, data_path)
+    model, cfg = run.model, run.ckpt.config
+    if cfg.data.source in PIXEL_DATASETS:
+        raise ValueError(f"stream scoring needs a language model; the checkpoint classifies "
+                         f"{cfg.data.source} images")
+    check_streamable(model)
+    chunk_len = cfg.model.seq_len if chunk_len is None else chunk_len
+    cache = _eval_cache(cfg, run.ckpt.directory, run.ckpt.tokenizer(), data_path, progress)
+    tokens = cache.tokens(split)
+    tokens = tokens[:max_tokens] if max_tokens is not None else tokens
+    nll, count = score_stream_cached(model, tokens, chunk_len, run.device, run.context,
+                                     progress=progress)
+    report = lm_report(nll, count, scored_text(cache, split, 1, len(tokens)))
+    return {**run.head, "data": str(cache.path), "mode": "stream", "chunk_len": chunk_len,
+            **report}
 
 
 def _check_eval_args(split: str, stride: int | None, batch_size: int,

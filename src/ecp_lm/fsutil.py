@@ -15,12 +15,19 @@ was killed between its two renames.
 Readers that read several files call ``current_version`` once and read them all from the real
 folder it returns, so they see one version even while another process replaces ``out``.
 
+``atomic_directory`` replaces only what is recognisably ours (``check_replaceable``): a missing
+``out``, an empty folder, a link to one of its own versions, or a real folder that the caller's
+``accept`` recognises as its own output of an earlier release (a checkpoint's ``meta.json``, a
+token cache's manifest). Anything else, a user's folder or a link to one, is refused with a
+``ValueError`` before anything is written, and nothing is removed.
+
 Several processes, on several hosts sharing a file system, may build the same ``out`` at once.
 The short step that links a version and removes leftovers is serialised by an advisory lock
 (``flock`` on ``.{name}.lock``; the kernel releases it when its holder dies, so it never goes
-stale). A leftover (temporary, unlinked version, half-placed symlink) is removed only when the
-host and pid in its name are this host's and belong to no living process, and never when it is
-the current version; another host's leftovers are left for that host to remove.
+stale; its holder removes the lock file on release, so lock files do not pile up). A leftover
+(temporary, unlinked version, half-placed symlink) is removed only when the host and pid in its
+name are this host's and belong to no living process, and never when it is the current version;
+another host's leftovers are left for that host to remove.
 """
 
 from __future__ import annotations
@@ -32,19 +39,27 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import BinaryIO
 
 HOST = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname()) or "localhost"
 KINDS = ("tmp", "v", "link", "del")  # being built, complete version, symlink, being deleted
 
 
+Accept = Callable[[Path], bool]
+"""Whether a real folder is this kind of output, written by an earlier release."""
+
+
 @contextmanager
-def atomic_directory(out: Path) -> Iterator[Path]:
+def atomic_directory(out: Path, accept: Accept | None = None) -> Iterator[Path]:
     """Yields an empty temporary folder; on success it becomes ``out``'s new version (``out``
-    names the old complete folder or the new one at every instant), on error it is removed."""
+    names the old complete folder or the new one at every instant), on error it is removed.
+    ``out`` must be replaceable (``check_replaceable``), else ValueError before anything is
+    written."""
     out = Path(out)
+    check_replaceable(out, accept)
     out.parent.mkdir(parents=True, exist_ok=True)
     with locked(_sibling(out, "lock")):
         _recover(out)
@@ -54,20 +69,47 @@ def atomic_directory(out: Path) -> Iterator[Path]:
     tmp.mkdir()
     try:
         yield tmp
-        _publish(tmp, out, tag)
+        _publish(tmp, out, tag, accept)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
 
 
-def remove_directory(out: Path) -> None:
-    """Remove ``out``: its link and the version it names (or a real folder), and every other
-    version that dead processes of this host left, so that nothing is left for a reader to fall
-    back to. Each folder is renamed out of the version namespace before it is deleted, so a kill
-    meanwhile leaves no partial version either."""
+def check_replaceable(out: Path, accept: Accept | None = None) -> None:
+    """ValueError unless ``out`` may be replaced whole: it is missing, an empty folder, a link
+    to one of its own versions, or a real folder ``accept`` recognises."""
+    out = Path(out)
+    if out.is_symlink():
+        if _own_target(out) is None:
+            raise ValueError(f"{out} is a link to {os.readlink(out)}, which ecp did not write; "
+                             f"refusing to replace it")
+        return
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise ValueError(f"{out} is a file, not a folder ecp wrote; refusing to replace it")
+    if any(out.iterdir()) and not (accept is not None and accept(out)):
+        raise ValueError(f"{out} holds {describe_entries(out)}, which ecp did not write; "
+                         f"refusing to replace it (choose another folder)")
+
+
+def describe_entries(folder: Path, limit: int = 3) -> str:
+    """``a.py, src/ and 4 more``: what a folder holds, for a refusal."""
+    names = sorted(e.name + ("/" if e.is_dir() else "") for e in os.scandir(folder))
+    shown = ", ".join(names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
+
+
+def remove_directory(out: Path, accept: Accept | None = None) -> None:
+    """Remove ``out``: its link and the version it names (or a real folder ``accept``
+    recognises, or an empty one), and every other version that dead processes of this host
+    left, so that nothing is left for a reader to fall back to. Each folder is renamed out of
+    the version namespace before it is deleted, so a kill meanwhile leaves no partial version
+    either. A folder that is not ours is refused (``check_replaceable``)."""
     out = Path(out)
     if not out.parent.is_dir():
         return
+    check_replaceable(out, accept)
     trash = None
     with locked(_sibling(out, "lock")):
         if out.is_symlink():
@@ -96,6 +138,13 @@ def temporary_directory(near: Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def file_mode() -> int:
+    """The mode a new file gets from ``open``: 0666 less the process's umask."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
 def write_bytes_atomic(path: Path, data: bytes) -> None:
     """Write a file through a temporary sibling and a rename: readers see all of it or none."""
     path = Path(path)
@@ -112,11 +161,59 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 @contextmanager
 def locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive advisory lock on the file ``path`` (created if missing). A process that
-    dies releases it, so a lock never outlives its holder."""
-    with open(path, "a+b") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        yield  # closing the file releases the lock
+    """Hold an exclusive advisory lock on the file ``path`` (created if missing), and remove the
+    file when done. A process that dies releases the lock, so it never outlives its holder; a
+    killed holder leaves only the empty file, which the next holder removes."""
+    with _lock_file(Path(path), blocking=True):
+        yield
+
+
+class LockHeldError(Exception):
+    """``try_locked``: another living process holds the lock (its pid, when it wrote one)."""
+
+    def __init__(self, pid: int | None):
+        super().__init__(pid)
+        self.pid = pid
+
+
+@contextmanager
+def try_locked(path: Path) -> Iterator[None]:
+    """``locked`` without waiting: raises ``LockHeldError`` with the holder's pid when another
+    process holds it. The holder's pid (and host) are written into the file while it is held."""
+    with _lock_file(Path(path), blocking=False) as f:
+        f.truncate(0)
+        f.write(f"{os.getpid()} {HOST}\n".encode())
+        f.flush()
+        yield
+
+
+@contextmanager
+def _lock_file(path: Path, blocking: bool) -> Iterator[BinaryIO]:
+    """The open, locked lock file. The file is unlinked while still locked on release, so a
+    waiter may wake up holding a lock on a file no longer at ``path``: it then tries again on
+    the file that is there now (the same inode at ``path`` and in hand means the lock holds)."""
+    while True:
+        f = open(path, "a+b")  # noqa: SIM115 (held open past this function, closed below)
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            f.seek(0)
+            owner = f.read(64).split()
+            f.close()
+            raise LockHeldError(int(owner[0]) if owner and owner[0].isdigit() else None) from None
+        try:
+            same = os.stat(path).st_ino == os.fstat(f.fileno()).st_ino
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        f.close()
+    try:
+        yield f
+    finally:
+        with suppress(FileNotFoundError):
+            os.unlink(path)
+        f.close()  # releases the lock
 
 
 def current_version(out: Path) -> Path:
@@ -224,9 +321,10 @@ def _link(out: Path, version: Path) -> None:
     os.replace(link, out)
 
 
-def _publish(tmp: Path, out: Path, tag: str) -> None:
+def _publish(tmp: Path, out: Path, tag: str, accept: Accept | None) -> None:
     version = _sibling(out, "v", tag)
     with locked(_sibling(out, "lock")):
+        check_replaceable(out, accept)  # again, under the lock: it may have changed meanwhile
         if out.is_dir() and not out.is_symlink():  # a legacy real folder becomes a version
             old: Path | None = _sibling(out, "v", _tag())
             os.rename(out, old)

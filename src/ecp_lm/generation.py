@@ -21,6 +21,7 @@ cache covers its window N; past N it slides the window as above.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -35,6 +36,21 @@ def context_start(model: LanguageModel, length: int) -> int:
     """First token index the next prediction after ``length`` tokens needs (the architecture's
     ``context_start``): a multiple of m for ecp, so the context keeps its segment alignment."""
     return model.arch.context_start(length)
+
+
+def prompt_kept(model: LanguageModel, length: int) -> int:
+    """How many tokens of a prompt of ``length`` generation reads: all of them, except
+    where the architecture's inputs are bounded (the transformer and the perceiver family:
+    its window of N), which cuts a longer prompt to its last N."""
+    limit = model.arch.max_len
+    return length if limit is None else min(length, limit)
+
+
+def steps_from_cache(model: LanguageModel, prompt_len: int) -> bool:
+    """Whether ``stream`` (with ``use_cache``) makes the second token with the cached decode
+    step, the graph ``compile`` compiles on its first call, rather than recomputing a window."""
+    limit = model.arch.max_len
+    return model.arch.cache_capacity is not None and (limit is None or prompt_len + 1 < limit)
 
 
 def sample(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
@@ -75,25 +91,27 @@ def prompt_rows(prompt: Prompt) -> list[Tensor]:
 
 def check_generate_args(model: LanguageModel, prompt: Prompt, max_new_tokens: int,
                         temperature: float = 0.0, top_k: int | None = None,
-                        top_p: float | None = None) -> None:
+                        top_p: float | None = None, eos_id: int | None = None) -> None:
     """Raises ValueError, with a message a user can act on, for arguments ``generate`` would
     refuse; a caller can validate before producing any output."""
+    vocab = model.cfg.vocab_size
     for row in prompt_rows(prompt):
         if row.numel() == 0 or row.dtype != torch.long:
             raise ValueError(f"every prompt must be a non-empty int64 tensor, got "
                              f"{row.numel()} tokens of dtype {row.dtype}")
         lo, hi = int(row.min()), int(row.max())  # once, before generation starts
-        if lo < 0 or hi >= model.cfg.vocab_size:
-            raise ValueError(f"prompt token ids must lie in 0..{model.cfg.vocab_size - 1}, "
-                             f"got {lo}..{hi}")
+        if lo < 0 or hi >= vocab:
+            raise ValueError(f"prompt token ids must lie in 0..{vocab - 1}, got {lo}..{hi}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens} must be >= 0")
-    if temperature < 0:
-        raise ValueError(f"temperature={temperature} must be >= 0")
-    if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k={top_k} must be >= 1")
-    if top_p is not None and not 0 < top_p <= 1:
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature={temperature} must be a finite number >= 0 (0: greedy)")
+    if top_k is not None and not 1 <= top_k <= vocab:
+        raise ValueError(f"top_k={top_k} is outside 1..{vocab} (the vocabulary's size)")
+    if top_p is not None and not 0 < top_p <= 1:  # also refuses nan
         raise ValueError(f"top_p={top_p} is outside (0, 1]")
+    if eos_id is not None and not 0 <= eos_id < vocab:
+        raise ValueError(f"eos_id={eos_id} is outside the vocabulary 0..{vocab - 1}")
     if model.cfg.num_classes is not None:
         raise ValueError("a classification model (num_classes set) cannot generate")
 
@@ -154,7 +172,7 @@ def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperatur
 
     ``compile``: the cached decode step runs as one compiled graph (``compiled_decode_step``);
     the tokens are the same as eager decoding's."""
-    check_generate_args(model, prompt, max_new_tokens, temperature, top_k, top_p)
+    check_generate_args(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id)
     prompts = prompt_rows(prompt)
     device = prompts[0].device
     generator = None

@@ -27,6 +27,7 @@ from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter
 
 from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.outputs import PNG_METADATA, check_file, is_png_plot
 
 KINDS = ("train", "valid")
 X_LABELS = {"tokens": "training tokens", "step": "optimizer step"}
@@ -86,6 +87,7 @@ def plot_runs(
         raise ValueError(f"x={x!r} is not one of {sorted(X_LABELS)}")
     if not run_dirs:
         raise ValueError("no run folders given")
+    check_file(out, "--out", is_png_plot)
     runs = [(run_label(d), read_metrics(d)) for d in run_dirs]
     has_bpb = any(r.get("bits_per_byte") is not None for _, m in runs for r in m["valid"])
 
@@ -116,7 +118,7 @@ def plot_runs(
     handles += [Line2D([], [], color="grey", lw=0.8), Line2D([], [], color="grey", marker="o")]
     labels = [label for label, _ in runs] + ["train", "valid"]
     fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    return _save_atomic(fig, Path(out))
+    return save_png(fig, out)
 
 
 PER_POSITION = "per_position"
@@ -159,6 +161,7 @@ def plot_per_position(files: Sequence[str | Path], out: str | Path,
     the segment length m and 2m of each report that has one."""
     if not files:
         raise ValueError("no per-position files given")
+    check_file(out, "--out", is_png_plot)
     reports = [(path, read_per_position(path)) for path in files]
     labels = [per_position_label(report, path) for path, report in reports]
     for i, label in enumerate(labels):
@@ -190,7 +193,7 @@ def plot_per_position(files: Sequence[str | Path], out: str | Path,
     ax.grid(alpha=0.3)
     fig.legend(handles + [h for h, _ in marks], labels + [text for _, text in marks],
                loc="outside right upper", fontsize="small")
-    return _save_atomic(fig, Path(out))
+    return save_png(fig, out)
 
 
 def _segment_marks(ax, reports: list[dict], labels: list[str]) -> list[tuple[Line2D, str]]:
@@ -210,9 +213,10 @@ def _segment_marks(ax, reports: list[dict], labels: list[str]) -> list[tuple[Lin
     return entries
 
 
-def _save_atomic(fig: Figure, out: Path) -> Path:
-    """Render the PNG in memory and write it atomically: readers never see half a file."""
+def save_png(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
+    """Render the PNG in memory, tagged as ecp-lm's (``outputs.is_png_plot``), and write it
+    atomically: readers never see half a file."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=120)
-    write_bytes_atomic(out, buffer.getvalue())
-    return out
+    fig.savefig(buffer, format="png", dpi=dpi, metadata=PNG_METADATA)
+    write_bytes_atomic(Path(out), buffer.getvalue())
+    return Path(out)

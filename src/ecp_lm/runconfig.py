@@ -9,8 +9,10 @@ the field's type, and an unknown key or a wrong type raises ``ValueError`` namin
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
+from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -122,9 +124,27 @@ class TrainConfig:
             parse_device(self.device)
         except ValueError as err:
             raise ValueError(f"train.device: {err}") from None
-        if self.lr <= 0 or self.warmup_steps < 0 or self.halve_every < 0:
-            raise ValueError(f"train.lr={self.lr}, train.warmup_steps={self.warmup_steps} and "
-                             f"train.halve_every={self.halve_every} must be positive / >= 0")
+        for name in ("warmup_steps", "halve_every"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        self._check_optimiser()
+
+    def _check_optimiser(self) -> None:
+        """Finite values in the ranges AdamW and clipping are defined on."""
+        for name in ("lr", "min_lr_ratio", "weight_decay", "beta1", "beta2", "grad_clip"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"train.{name}={getattr(self, name)} must be a finite number")
+        if self.lr <= 0:
+            raise ValueError(f"train.lr={self.lr} must be > 0")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"train.min_lr_ratio={self.min_lr_ratio} is outside [0, 1]")
+        if self.weight_decay < 0:
+            raise ValueError(f"train.weight_decay={self.weight_decay} must be >= 0")
+        for name in ("beta1", "beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"train.{name}={getattr(self, name)} is outside [0, 1)")
+        if self.grad_clip < 0:
+            raise ValueError(f"train.grad_clip={self.grad_clip} must be >= 0 (0: no clipping)")
 
 
 @dataclass
@@ -145,6 +165,10 @@ class RunConfig:
     @classmethod
     def from_dict(cls, data: dict[str, Any], overrides: list[str] = ()) -> RunConfig:
         """Build from nested fields with ``section.key=value`` overrides applied first."""
+        for name, section in (data or {}).items():
+            if section is not None and not isinstance(section, dict):
+                raise ValueError(f"config section {name} must be a mapping of keys, got "
+                                 f"{section!r}")
         data = {k: dict(v or {}) for k, v in data.items()} if data else {}
         for item in overrides:
             key, value = _parse_override(item)
@@ -162,26 +186,65 @@ class RunConfig:
         """A preset name (see ``RUN_PRESETS``) or a YAML file, with overrides."""
         if preset_or_path in RUN_PRESETS:
             return cls.from_dict(RUN_PRESETS[preset_or_path], overrides)
-        path = Path(preset_or_path)
-        if not path.is_file():
-            raise ValueError(f"--config {preset_or_path!r} is neither a preset "
-                             f"({', '.join(RUN_PRESETS)}) nor a YAML file")
-        data = yaml.safe_load(path.read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping with model/data/train sections")
-        return cls.from_dict(data, overrides)
+        data = read_yaml(preset_or_path)
+        if overrides:
+            return cls.from_dict(data, overrides)
+        try:
+            return cls.from_dict(data)
+        except ValueError as err:  # the file's own content (e.g. a checkpoint's config.yaml)
+            raise ValueError(f"{preset_or_path}: {err}") from None
 
 
 SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
-def _parse_override(item: str) -> tuple[tuple[str, str], Any]:
-    key, sep, text = item.partition("=")
+def read_yaml(preset_or_path: str) -> dict[str, Any]:
+    """The sections of a run config file, checked to be mappings; every error names the file."""
+    path = Path(preset_or_path)
+    if not path.is_file():
+        raise ValueError(f"--config {preset_or_path!r} is neither a preset "
+                         f"({', '.join(RUN_PRESETS)}) nor a YAML file")
+    raw = path.read_bytes()
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not a UTF-8 YAML file (byte {err.start}: "
+                         f"{raw[err.start:err.start + 1]!r})") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path} is not valid YAML: {_yaml_problem(err)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping with model/data/train sections, got "
+                         f"{type(data).__name__}")
+    return data
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """What is wrong and where (line, column), in one line."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(err, "problem", None) or getattr(err, "reason", None) or str(err)
+    return " ".join(f"{problem}{where}".split())
+
+
+def is_override(item: str) -> bool:
+    """Whether ``item`` has the form of a ``section.key=value`` override."""
+    key, sep, _ = item.partition("=")
     parts = key.strip().split(".")
-    if not sep or len(parts) != 2 or not all(parts):
+    return bool(sep) and len(parts) == 2 and all(parts)
+
+
+def _parse_override(item: str) -> tuple[tuple[str, str], Any]:
+    if not is_override(item):
         raise ValueError(f"override {item!r} is not of the form section.key=value "
                          f"(e.g. model.d_model=128)")
-    return (parts[0], parts[1]), yaml.safe_load(text) if text.strip() else None
+    key, _, text = item.partition("=")
+    section, name = key.strip().split(".")
+    try:
+        value = yaml.safe_load(text) if text.strip() else None
+    except yaml.YAMLError as err:
+        raise ValueError(f"override {item!r}: its value is not YAML "
+                         f"({_yaml_problem(err)})") from None
+    return (section, name), value
 
 
 def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
@@ -195,6 +258,14 @@ def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
         return cls(**values)
     except TypeError as err:  # pragma: no cover - guarded by the checks above
         raise ValueError(f"{name}: {err}") from err
+    except ValueError as err:
+        text = str(err)
+        if text.startswith(f"{name}."):  # DataConfig and TrainConfig name their keys
+            raise
+        # ModelConfig names its fields bare: "window=8 ..." is the key model.window here
+        field_name = text.partition("=")[0]
+        raise ValueError(f"{name}.{text}" if field_name in known else f"{name}: {text}") \
+            from None
 
 
 def _check_type(key: str, value: Any, hint: Any) -> Any:
@@ -267,13 +338,49 @@ def field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def describe_fields() -> str:
-    """Every ``section.key``, its default and its documentation, for ``--help``."""
+def config_values(preset_or_path: str | None = None,
+                  overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
+    """The value of every ``section.key`` as a preset or YAML file sets it, with ``overrides``
+    applied (the defaults where it sets none; None: all defaults). Raw values: a size the
+    architecture derives (``model.latent_len``, ``model.window``) stays null unless set."""
+    values = {section: {f.name: f.default for f in fields(cls)}
+              for section, cls in SECTION_TYPES.items()}
+    data = {} if preset_or_path is None else (
+        RUN_PRESETS[preset_or_path] if preset_or_path in RUN_PRESETS
+        else read_yaml(preset_or_path))
+    for section, items in data.items():
+        values.get(section, {}).update(items or {})
+    for item in overrides:
+        (section, name), value = _parse_override(item)
+        values.get(section, {})[name] = value
+    return values
+
+
+def yaml_scalar(value: Any) -> str:
+    """``value`` as it is typed in YAML or an override: ``null``, ``true``, ``0.001``."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def describe_fields(values: dict[str, dict[str, Any]] | None = None, width: int = 100) -> str:
+    """Every ``section.key=value`` (``config_values``; default: the defaults) and its
+    documentation, for ``--help``, wrapped to ``width`` columns."""
+    import textwrap
+
+    values = values or config_values()
+    column = 34  # where the documentation starts
     lines = []
     for section, cls in SECTION_TYPES.items():
         docs = field_docs(cls)
         for f in fields(cls):
-            default = f.default if f.default is not dataclasses.MISSING else None
-            key = f"{section}.{f.name}={default}"
-            lines.append(f"  {key:<32} {docs.get(f.name, '').replace('``', '')}")
+            key = f"  {section}.{f.name}={yaml_scalar(values[section][f.name])}"
+            doc = docs.get(f.name, "").replace("``", "")
+            wrapped = textwrap.wrap(doc, max(20, width - column),
+                                    break_on_hyphens=False) or [""]
+            if len(key) < column - 1:
+                lines.append(f"{key:<{column}}{wrapped[0]}".rstrip())
+                wrapped = wrapped[1:]
+            else:
+                lines.append(key)
+            lines += [" " * column + part for part in wrapped]
     return "\n".join(lines)

@@ -32,21 +32,24 @@ def parse_device(spec: str) -> torch.device | None:
     return device
 
 
-def resolve_device(spec: str) -> torch.device:
-    """The device ``spec`` names, checked to exist here; ``auto`` is CUDA when present."""
+def resolve_device(spec: str, setting: str = "device") -> torch.device:
+    """The device ``spec`` names, checked to exist here; ``auto`` is CUDA when present.
+    ``setting`` is where the value came from, named in the hint of an error: an argument
+    (``device``), a config key (``train.device``) or an option (``--device``)."""
     device = parse_device(spec)
     if device is None:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    cpu = f"{setting} cpu" if setting.startswith("-") else f"{setting}=cpu"
     if device.type == "cuda":
         if not torch.cuda.is_available():
             build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
             raise ValueError(f"device {spec!r}: no CUDA device is available (torch "
-                             f"{torch.__version__}, {build}); use --device cpu")
+                             f"{torch.__version__}, {build}); use {cpu}")
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise ValueError(f"device {spec!r}: only {torch.cuda.device_count()} CUDA "
                              f"device(s) are visible")
     if device.type == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {spec!r}: MPS is not available here; use --device cpu")
+        raise ValueError(f"device {spec!r}: MPS is not available here; use {cpu}")
     return device
 
 

@@ -88,7 +88,8 @@ class LanguageModelling:
                 if train.eval_max_tokens else ""
             raise ValueError(f"the validation split has {len(self.valid)} tokens{limit}, fewer "
                              f"than one evaluation window of seq_len+1={model.seq_len + 1}")
-        self.valid_text = scored_text(self.valid, self.tokenizer, self.seq_len, self.stride)
+        self.valid_text = scored_text(self.cache, "valid", self.seq_len - self.stride + 1,
+                                      len(self.valid))
         self.eval_batch_size = train.eval_batch_size
         self.tokens_per_batch = train.batch_size * model.seq_len  # input tokens
 
@@ -161,5 +162,10 @@ class Classification:
 
 
 def make_task(cfg: RunConfig, dist: Dist, progress: bool = True):
+    if cfg.model.num_classes is not None and cfg.data.source not in PIXEL_DATASETS:
+        raise ValueError(f"model.num_classes={cfg.model.num_classes} sets a classification head, "
+                         f"but data.source={cfg.data.source} is a text source (classification: "
+                         f"{', '.join(PIXEL_DATASETS)}); leave model.num_classes unset (null) "
+                         f"to model text")
     task = Classification if cfg.data.source in PIXEL_DATASETS else LanguageModelling
     return task(cfg, dist, progress)

@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.device_mesh import init_device_mesh
 
 from ecp_lm import progress as progress_output
-from ecp_lm.checkpoint import Checkpoint, read_checkpoint, save_checkpoint
+from ecp_lm.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save_checkpoint
 from ecp_lm.interrupts import Interrupted, StopRequest
 from ecp_lm.models import LanguageModel, build_model
 from ecp_lm.models.archs import architecture
@@ -46,6 +46,9 @@ from ecp_lm.runfolder import (
     check_run_folder,
     has_checkpoint,
     prepare_run_folder,
+    reconcile_best,
+    run_lock,
+    with_resolved_paths,
 )
 from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 from ecp_lm.tasks import Dist, make_task
@@ -89,7 +92,7 @@ def init_distributed(device: str, context_parallel: int = 1) -> Dist:
     if world % context_parallel:
         raise ValueError(f"train.context_parallel={context_parallel} does not divide the world "
                          f"size {world} (the ranks torchrun starts)")
-    resolved = resolve_device(device)
+    resolved = resolve_device(device, "train.device")
     if world > 1:
         if not torch.distributed.is_initialized():
             backend = "nccl" if resolved.type == "cuda" else "gloo"
@@ -147,18 +150,27 @@ def _restore_rng(trainer: dict[str, Any], dist: Dist, seed: int) -> None:
 
 
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
-          stop_at: int | None = None) -> TrainResult:
+          stop_at: int | None = None, force: bool = False) -> TrainResult:
     """Train ``cfg`` into ``out_dir``; ``stop_at`` stops after that step as an interruption would
-    (a checkpoint is written and the run can be resumed; ``stop_at=0`` writes the initial one).
-    Raises ``interrupts.Interrupted`` (a KeyboardInterrupt) when stopped by SIGINT or SIGTERM."""
+    (a checkpoint is written and the run can be resumed; ``stop_at=0`` writes the initial one);
+    ``force`` starts a run folder that holds a run over. ``out_dir`` must be missing, empty or a
+    run folder, and is locked while the run writes it (``runfolder``). Raises
+    ``interrupts.Interrupted`` (a KeyboardInterrupt) when stopped by SIGINT or SIGTERM."""
     out_dir = Path(out_dir)
+    cfg = with_resolved_paths(cfg)
+    with run_lock(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+        return _train(cfg, out_dir, resume, progress, stop_at, force)
+
+
+def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at: int | None,
+           force: bool) -> TrainResult:
     tc = cfg.train
-    if stop_at is not None and stop_at < 0:
-        raise ValueError(f"stop_at={stop_at} must be >= 0")
+    if stop_at is not None and not 0 <= stop_at <= tc.steps:
+        raise ValueError(f"stop_at={stop_at} is outside 0..train.steps={tc.steps}")
     if tc.context_parallel > 1:
         _check_context_parallel(cfg)
     dist = init_distributed(tc.device, tc.context_parallel)
-    ckpt = check_run_folder(cfg, out_dir, resume)
+    ckpt = check_run_folder(cfg, out_dir, resume, force)
     start = ckpt.meta["step"] if ckpt is not None else 0
     if stop_at is not None and stop_at < start:
         raise ValueError(f"--stop-at {stop_at} is before step {start}, where the run in "
@@ -172,11 +184,13 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: b
     net = _wrap(model, tc, dist)
     optimizer = torch.optim.AdamW(model.param_groups(tc.weight_decay), lr=tc.lr,
                                   betas=(tc.beta1, tc.beta2))
-    state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf}
+    state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf, "best_step": None}
     if ckpt is not None:
         state = _restore(ckpt, model, optimizer, dist, tc.seed)
     if dist.is_main:
-        prepare_run_folder(cfg, out_dir, state["step"])
+        prepare_run_folder(cfg, out_dir, state["step"], force)
+    if ckpt is not None:
+        reconcile_best(out_dir, state, dist.is_main)
     loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
     try:
         with StopRequest() as stop:
@@ -207,7 +221,8 @@ def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimize
         set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
                        optim_state_dict=trainer["optimizer"], options=options)
     _restore_rng(trainer, dist, seed)
-    return {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
+    state = {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
+    return {**state, "best_step": trainer.get("best_step", "unknown")}  # unknown: before 0.4
 
 
 class _Loop:
@@ -252,14 +267,15 @@ class _Loop:
                     window, window_start = [], time.perf_counter()
                 if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
                     self.validate()
-                if state["step"] % tc.checkpoint_every == 0 or state["step"] == end:
-                    self.save("latest")
+                if (state["step"] % tc.checkpoint_every == 0 or state["step"] == end) \
+                        and self.saved_step != state["step"]:
+                    self.save()
                 if self._stop_agreed(stop):
                     if self.saved_step != state["step"]:
-                        self.save("latest")
+                        self.save()
                     raise Interrupted(stop.signum or 2, state["step"])
         if self.saved_step != state["step"]:  # e.g. stop_at=0: the initial checkpoint
-            self.save("latest")
+            self.save()
 
     def _stop_agreed(self, stop: StopRequest) -> bool:
         """Whether any rank was asked to stop: all ranks stop after the same step."""
@@ -296,8 +312,10 @@ class _Loop:
             torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
         value = loss_sum.item()
         if not math.isfinite(value):
+            kept = (f"the last good checkpoint (step {self.saved_step}) in {self.out_dir} is "
+                    f"kept" if self.saved_step is not None else "no checkpoint had been written")
             raise TrainingDivergedError(f"loss is {value} at step {step + 1}; stopped without "
-                                   f"writing, the last good checkpoint in {self.out_dir} is kept")
+                                        f"writing, {kept}")
         if tc.grad_clip > 0:
             nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
         self.optimizer.step()
@@ -329,8 +347,13 @@ class _Loop:
         self.metrics.write(record)
         self.last_val = report["loss"]
         if report["loss"] < self.state["best_val_loss"]:
-            self.state["best_val_loss"] = report["loss"]
-            self.save("best", val=report)
+            self.state["best_val_loss"], self.state["best_step"] = report["loss"], \
+                self.state["step"]
+            # latest/ first, best/ from it: best/ never holds a step latest/ does not
+            # (runfolder.reconcile_best completes best/ after a kill between the two)
+            self.save(val=report)
+            if self.dist.is_main:
+                copy_checkpoint(self.out_dir / "latest", self.out_dir / "best", kind="best")
         self.bar.set_postfix(self._postfix(), refresh=False)
         progress_output.note(self._validation_line(report), self.show)
 
@@ -344,30 +367,29 @@ class _Loop:
             parts.append("(best so far)")
         return "  ".join(parts)
 
-    def save(self, name: str, val: dict | None = None) -> None:
-        """Every rank gathers the full state and its RNG states (collectives); rank 0 writes."""
+    def save(self, val: dict | None = None) -> None:
+        """Write ``latest/`` (with the validation ``val`` of this step, if any): every rank
+        gathers the full state and its RNG states (collectives); rank 0 writes."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)
         if self.state["step"] == 0:  # get_state_dict would give AdamW a state (a zero step)
             model_state, optim_state = get_model_state_dict(self.model, options=options), None
         else:
             model_state, optim_state = get_state_dict(self.model, self.optimizer,
                                                       options=options)
-        trainer = None  # the best checkpoint is for evaluation: weights only
-        if name == "latest":
-            rng = [_rng_state(self.dist)]
-            if self.dist.world_size > 1:
-                rng = [None] * self.dist.world_size
-                torch.distributed.all_gather_object(rng, _rng_state(self.dist))
-            trainer = {"optimizer": optim_state, "rng": rng,
-                       "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
-                       "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
-            self.saved_step, self.wrote_latest = self.state["step"], True
+        rng = [_rng_state(self.dist)]
+        if self.dist.world_size > 1:
+            rng = [None] * self.dist.world_size
+            torch.distributed.all_gather_object(rng, _rng_state(self.dist))
+        trainer = {"optimizer": optim_state, "rng": rng,
+                   "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
+                   "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
+        self.saved_step, self.wrote_latest = self.state["step"], True
         if not self.dist.is_main:
             return
-        meta = {"kind": name, "step": self.state["step"], "tokens_seen": self.state["tokens_seen"],
-                "validation": val,
+        meta = {"kind": "latest", "step": self.state["step"],
+                "tokens_seen": self.state["tokens_seen"], "validation": val,
                 "precision": resolve_precision(self.tc.precision, self.dist.device)}
-        save_checkpoint(self.out_dir / name, model_state, self.cfg, self.task.tokenizer,
+        save_checkpoint(self.out_dir / "latest", model_state, self.cfg, self.task.tokenizer,
                         trainer, meta)
 
 

@@ -152,7 +152,7 @@ def test_cli_prepare(sympy_code, capsys, monkeypatch, tmp_path):
 
 
 def test_path_is_refused(capsys):
-    with pytest.raises(ValueError, match="takes no --path"):
+    with pytest.raises(ValueError, match="takes no data.path"):
         open_source("sympy-code", "/some/where")
     code = main(["data", "prepare", "sympy-code", "--path", "/some/where", "--quiet"])
     assert code == 2 and "takes no --path" in capsys.readouterr().err

@@ -97,5 +97,5 @@ def test_bad_names_and_fractions(tmp_path):
     (tmp_path / "a.txt").write_text("x\n")
     with pytest.raises(ValueError, match=r"split fractions \[0\.5, 0\.5, 0\.5\]"):
         open_source("text", paths=[tmp_path / "a.txt"], fractions=(0.5, 0.5, 0.5))
-    with pytest.raises(ValueError, match="needs --path"):
+    with pytest.raises(ValueError, match="needs data.path"):
         open_source("enwik8")

@@ -17,7 +17,7 @@ import yaml
 
 from ecp_lm import __version__
 from ecp_lm.cli import bench, complexity, data, demo, evaluate, export, generate, plot, train
-from ecp_lm.cli.base import PROG, Command, interrupted_line
+from ecp_lm.cli.base import PROG, Command, Parser, UsageError, report_interrupted, reset_output
 from ecp_lm.data.fetch import FetchError
 
 USER_ERRORS = (ValueError, OSError, yaml.YAMLError, FetchError)
@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
     # The command list is written by hand: argparse's own listing of subparsers misaligns.
     width = max(map(len, COMMANDS))
     listing = "\n".join(f"  {name.ljust(width)}  {c.help}" for name, c in COMMANDS.items())
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog=PROG, usage="%(prog)s [-h] [--version] COMMAND ...",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Efficient long-context autoregressive models: ECP, PerceiverAR and the\n"
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``ecp`` with ``argv`` (default: ``sys.argv[1:]``); returns the exit code."""
     command = None
+    reset_output()
     try:
         parser = build_parser()
         try:
@@ -73,11 +74,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.run(args)
     except KeyboardInterrupt:  # the work modules are imported in here, so this covers them too
         hint = COMMANDS[command].on_interrupt if command in COMMANDS else ""
-        print(interrupted_line(PROG, hint), file=sys.stderr)
+        report_interrupted(hint)
         return 130
     except BrokenPipeError:  # output piped into e.g. `head`: stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+    except UsageError as err:  # printed as argparse prints its own: after the usage
+        args.usage_parser.print_error(" ".join(str(err).split()))
+        return 2
     except USER_ERRORS as err:
         message = " ".join(str(err).split())
         print(f"{PROG}: error: {message}", file=sys.stderr)

@@ -7,7 +7,7 @@ import json
 import platform
 from pathlib import Path
 
-from ecp_lm.cli.base import Command
+from ecp_lm.cli.base import Command, check_at_least
 
 
 def _ints(text: str) -> list[int]:
@@ -35,7 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=1, help="untimed steps per case")
     parser.add_argument("--repeats", type=int, default=3,
                         help="timed steps per case; the median is kept (default: 3)")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default: cpu)")
+    parser.add_argument("--device", default="cpu",
+                        help="cpu, cuda, cuda:N or auto (default: cpu)")
     parser.add_argument("--threads", type=int, metavar="T",
                         help="CPU threads of every case (default: torch's, one per core; a "
                              "batch-1 decode step on a small model can be faster on one)")
@@ -61,9 +62,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-window", type=int, default=1024, metavar="N",
                         help="the window N of the decode-modes comparison "
                              "(default: 1024; a multiple of --segment-len)")
-    parser.add_argument("--json", type=Path, metavar="FILE", help="write all results as JSON")
-    parser.add_argument("--plot", type=Path, metavar="FILE.png",
+    parser.add_argument("--json", metavar="FILE",
+                        help="write all results as JSON (a new file, or one ecp bench wrote)")
+    parser.add_argument("--plot", metavar="FILE.png",
                         help="plot tokens/s and peak memory against N")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every size and count at least what it can be, and a length to measure, before any work
+    starts (ValueError naming the option)."""
+    check_at_least(args, {"d_model": 1, "n_layers": 1, "n_heads": 1, "segment_len": 1,
+                          "batch_size": 1, "warmup": 0, "repeats": 1, "threads": 1,
+                          "seq_lens": 1, "decode_lengths": 1, "decode_window": 1})
+    needed = {"--seq-lens": (args.seq_lens, not args.decode_only),
+              "--decode-lengths": (args.decode_lengths, args.decode or args.decode_only)}
+    for option, (lengths, used) in needed.items():
+        if used and not lengths:
+            raise ValueError(f"{option} names no length")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,11 +86,19 @@ def run(args: argparse.Namespace) -> int:
 
     from ecp_lm import bench
     from ecp_lm.cli.complexity import parse_archs
+    from ecp_lm.fsutil import write_bytes_atomic
+    from ecp_lm.outputs import check_file, is_json_report, is_png_plot
+    from ecp_lm.runtime import resolve_device
 
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads {args.threads} must be at least 1")
+    # Output paths first: a benchmark's results are never lost to a path that cannot be written.
+    if args.json is not None:
+        check_file(args.json, "--json", is_json_report("meta"))
+    if args.plot is not None:
+        check_file(args.plot, "--plot", is_png_plot)
+    check_arguments(args)
+    device = str(resolve_device(args.device, "--device"))
     spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
-                           args.batch_size, args.warmup, args.repeats, args.device,
+                           args.batch_size, args.warmup, args.repeats, device,
                            args.compile, args.precision, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -107,8 +130,7 @@ def run(args: argparse.Namespace) -> int:
         report["decode_modes"] = bench.run_decode_modes(spec, args.decode_window)
         print(bench.format_decode_modes(report["decode_modes"]))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(report, indent=2) + "\n")
+        write_bytes_atomic(Path(args.json), (json.dumps(report, indent=2) + "\n").encode())
     if args.plot and results and not args.train_modes:
         bench.plot(results, str(args.plot))
     return 0

@@ -75,10 +75,10 @@ def run_data_prepare(args: argparse.Namespace) -> int:
                          f"not {args.source}")
     if args.source == "text":
         source = open_source("text", splits=splits or None, paths=args.path,
-                             fractions=parse_floats(args.split))
+                             fractions=parse_floats(args.split), path_setting="--path")
     else:
         source = open_source(args.source, args.path[0] if args.path else None,
-                             variant=args.variant)
+                             variant=args.variant, path_setting="--path")
     cache = prepare(source, args.tokenizer, args.vocab_size, args.out, force=args.force,
                     progress=not args.quiet)
     print(describe(cache))

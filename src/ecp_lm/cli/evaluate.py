@@ -1,5 +1,5 @@
-"""``ecp eval``: score a checkpoint with the SPEC §6 protocol, or measure its loss against
-position in the window (``--per-position``)."""
+"""``ecp eval``: score a checkpoint with the SPEC §6 protocol, or as one stream through its caches
+(``--stream``), or measure its loss against position in the window (``--per-position``)."""
 
 from __future__ import annotations
 
@@ -36,6 +36,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "position 0, in buckets of powers of two and of segments of m; "
                              "prints a table (or the JSON with --json) and, given a FILE, also "
                              "writes the JSON report there (for `ecp plot`)")
+    parser.add_argument("--stream", action="store_true",
+                        help="score the split as one stream through the KV caches instead of "
+                             "windows: every target from index 1 on once, with all the context "
+                             "before it that the architecture sees, in memory that does not "
+                             "grow with the split (ecp and the local baselines; one stream, "
+                             "so --batch-size does not apply)")
+    parser.add_argument("--chunk-len", type=int, metavar="C",
+                        help="with --stream: tokens per forward call (default: the run's N)")
     parser.add_argument("--batch-size", type=int, default=16,
                         help="windows per batch (default: %(default)s)")
     parser.add_argument("--max-tokens", type=int, metavar="N",
@@ -57,18 +65,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ecp_lm.evaluate import evaluate_checkpoint
+    from ecp_lm.runtime import resolve_device
 
-    if args.per_position is not None:
+    resolve_device(args.device, "--device")  # here, so that an error names the option
+
+    if args.stream:
+        report = stream_report(args)
+    elif args.chunk_len is not None:
+        raise ValueError("--chunk-len applies only to --stream")
+    elif args.per_position is not None:
         return run_per_position(args)
-    report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
-                                 args.device, args.max_tokens, args.data_path,
-                                 progress=not args.quiet, precision=args.precision,
-                                 seq_len=args.seq_len)
+    else:
+        report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
+                                     args.device, args.max_tokens, args.data_path,
+                                     progress=not args.quiet, precision=args.precision,
+                                     seq_len=args.seq_len)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
+    mode = f", one stream in chunks of {report['chunk_len']}" if args.stream else ""
     print(f"{report['arch']} {report['checkpoint']} step {report['step']} on {args.split} "
-          f"({report['precision']})")
+          f"({report['precision']}{mode})")
     for key in REPORT:
         if key in report:
             value = report[key]
@@ -77,15 +94,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def stream_report(args: argparse.Namespace) -> dict:
+    """``--stream``: the split as one stream through the caches (``stream_checkpoint``)."""
+    from ecp_lm.evaluate import stream_checkpoint
+
+    for flag, value in (("--stride", args.stride), ("--seq-len", args.seq_len),
+                        ("--per-position", args.per_position)):
+        if value is not None:
+            raise ValueError(f"--stream does not combine with {flag}: it scores every target "
+                             f"once, with all the context before it, in chunks of --chunk-len")
+    return stream_checkpoint(args.ckpt, args.split, args.chunk_len, args.device,
+                             args.max_tokens, args.data_path, progress=not args.quiet,
+                             precision=args.precision)
+
+
 def run_per_position(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from ecp_lm.evaluate import per_position_checkpoint
     from ecp_lm.fsutil import write_bytes_atomic
+    from ecp_lm.outputs import check_file, is_json_report
 
     if args.stride is not None:
         raise ValueError("--stride does not apply to --per-position, whose windows do not "
                          "overlap")
+    if args.per_position:  # before any scoring: a path that cannot take the report is an error
+        check_file(args.per_position, "--per-position",
+                   is_json_report(kind="per_position"))
     report = per_position_checkpoint(args.ckpt, args.split, args.seq_len, args.batch_size,
                                      args.device, args.max_tokens, args.data_path,
                                      progress=not args.quiet, precision=args.precision)

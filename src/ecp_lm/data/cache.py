@@ -2,9 +2,12 @@
 
 A cache folder holds ``{train,valid,test}.bin`` (uint16 when the vocabulary fits, else uint32),
 the tokenizer (``tokenizer.json``) and ``manifest.json``: the source's identity and hash, the
-tokenizer's identity hash, and per split the counts of tokens, UTF-8 bytes, words and lines (what
-``bits_per_byte`` and ``ppl_word`` are normalised by). A cache whose source or tokenizer changed
-is rebuilt, never reused.
+tokenizer's identity hash, and per split the counts of tokens, bytes, words and lines of the
+corpus (what ``bits_per_byte`` and ``ppl_word`` are normalised by). ``{split}.index.npy`` holds the
+same counts for each chunk of about 1 MB the split was encoded in, so that the corpus bytes and
+words behind any range of tokens are known (``TokenCache.text_size``) without trusting the
+tokenizer's decoding, which differs from the corpus under a normaliser or for invalid UTF-8. A
+cache whose source or tokenizer changed is rebuilt, never reused.
 
 The cache folder is replaced atomically (``fsutil.atomic_directory``): at every instant it names
 a complete cache, the previous one or the new one, and a killed prepare leaves nothing that a
@@ -25,11 +28,12 @@ import numpy as np
 
 from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir, open_source
 from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
-from ecp_lm.fsutil import atomic_directory, current_version, locked
+from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, locked
 from ecp_lm.progress import bar as progress_bar
 from ecp_lm.progress import interactive
 
 MANIFEST = "manifest.json"
+INDEX_COLUMNS = ("tokens", "bytes", "words", "lines")
 FORMAT = "ecp-lm-token-cache/1"
 ENCODE_BATCH = 8  # chunks of ~1 MB encoded together (BPE encodes a batch in parallel)
 
@@ -56,6 +60,54 @@ class TokenCache:
 
     def stats(self, split: str) -> dict[str, int]:
         return dict(self.manifest["splits"][split])
+
+    def chunk_index(self, split: str) -> np.ndarray:
+        """(chunks, 4) int64: tokens, bytes, words and lines of each chunk the split was encoded
+        in; one row of the split's totals for a cache written before the index existed."""
+        info = self.manifest["splits"][split]
+        if "index" in info:
+            return np.load(self.directory / info["index"])
+        return np.array([[info[k] for k in INDEX_COLUMNS]], dtype=np.int64)
+
+    def text_size(self, split: str, start: int, stop: int) -> tuple[int, int]:
+        """(bytes, words + lines) of the corpus text that ``tokens(split)[start:stop]`` encode.
+        Chunks inside the range count as the corpus measured them when it was encoded. A chunk
+        the range cuts counts what its cut part decodes to when the whole chunk decodes to the
+        corpus's text (always for the byte tokenizer), else that part's share of the chunk's
+        corpus bytes and words."""
+        tokens = self.tokens(split)
+        start, stop = max(0, start), min(stop, len(tokens))
+        if start >= stop:
+            return 0, 0
+        index = self.chunk_index(split)
+        bounds = np.concatenate([[0], np.cumsum(index[:, 0])])
+        first, last = bounds[:-1], bounds[1:]
+        inside = (first >= start) & (last <= stop) & (first < stop)
+        num_bytes = float(index[inside, 1].sum())
+        num_words = float(index[inside, 2:].sum())
+        end = len(tokens)
+        for c in np.flatnonzero(~inside & (first < stop) & (last > start)):
+            a, b = int(first[c]), int(last[c])
+            lo, hi = max(a, start), min(b, stop)
+            part, whole = self._measure(tokens[lo:hi], hi == end), self._measure(tokens[a:b],
+                                                                                  b == end)
+            corpus = (int(index[c, 1]), int(index[c, 2:].sum()))
+            if whole == corpus:  # this chunk decodes to exactly the corpus's text
+                num_bytes, num_words = num_bytes + part[0], num_words + part[1]
+            else:
+                num_bytes += corpus[0] * part[0] / max(whole[0], 1)
+                num_words += corpus[1] * part[1] / max(whole[1], 1)
+        return round(num_bytes), round(num_words)
+
+    def _measure(self, ids: np.ndarray, closes_split: bool) -> tuple[int, int]:
+        """Bytes and words + lines of what ``ids`` decode to; at the end of the split a last
+        line without its line end counts too, as in the manifest."""
+        if self.manifest["tokenizer"]["kind"] == "bytes":
+            data = np.asarray(ids).astype(np.uint8).tobytes()
+        else:
+            data = self.tokenizer().decode(np.asarray(ids)).encode("utf-8")
+        open_line = closes_split and bool(data) and not data.endswith(b"\n")
+        return len(data), len(data.split()) + data.count(b"\n") + open_line
 
     def tokenizer(self) -> Tokenizer:
         return load_saved(self.directory)
@@ -87,7 +139,9 @@ def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> 
     itemsize = np.dtype(manifest["dtype"]).itemsize
     for split, info in manifest["splits"].items():
         file = directory / info["file"]
-        if not file.is_file() or file.stat().st_size != info["tokens"] * itemsize:
+        index = directory / info.get("index", info["file"])
+        if not file.is_file() or file.stat().st_size != info["tokens"] * itemsize \
+                or not index.is_file():
             raise ValueError(f"{named}: {split} tokens are missing or truncated; "
                              f"prepare the cache again")
     found = manifest["tokenizer"]["identity"]
@@ -95,6 +149,15 @@ def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> 
         raise ValueError(f"{named} was built with another tokenizer ({found[:12]}), "
                          f"not {tokenizer_identity[:12]}")
     return TokenCache(directory, manifest, named)
+
+
+def is_cache_folder(path: Path) -> bool:
+    """Whether ``path`` holds a token cache's manifest (a cache an earlier release wrote in
+    place, which a rebuild may replace)."""
+    try:
+        return json.loads((Path(path) / MANIFEST).read_text()).get("format") == FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def tokenizer_request(spec: str, vocab_size: int) -> dict[str, Any]:
@@ -121,6 +184,7 @@ def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096
     or the path of a ``tokenizer.json`` / ``.tiktoken`` file."""
     request = tokenizer_request(tokenizer, vocab_size)
     out = Path(out) if out is not None else default_cache_dir(source, _slug(request))
+    check_replaceable(out, is_cache_folder)  # before any work: never over a user's folder
     identity = source.identity()
     if not force and (cache := _current(out, identity, request)) is not None:
         return cache
@@ -129,7 +193,7 @@ def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096
         # another process may have built it while this one waited for the lock
         if not force and (cache := _current(out, identity, request)) is not None:
             return cache
-        with atomic_directory(out) as tmp:
+        with atomic_directory(out, is_cache_folder) as tmp:
             _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
         return open_cache(out)
 
@@ -167,6 +231,7 @@ def _build(source: TextSource, spec: str, vocab_size: int, request: dict, identi
 def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Path,
                   progress: bool) -> dict[str, Any]:
     counts = {"tokens": 0, "bytes": 0, "words": 0, "lines": 0, "invalid_utf8": 0}
+    chunks: list[list[int]] = []  # per chunk: tokens, bytes, words, lines (INDEX_COLUMNS)
     last = b""
     bar = progress_bar(total=source.split_bytes(split), unit="B", unit_scale=True,
                        desc=f"{source.name} {split} ({tok.kind})", enabled=progress)
@@ -174,18 +239,18 @@ def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Pa
         for batch in _batched(source.chunks(split), ENCODE_BATCH):
             for data, ids in zip(batch, tok.encode_batch(batch), strict=True):
                 f.write(np.asarray(ids, dtype=dtype).tobytes())
-                counts["tokens"] += len(ids)
-                counts["bytes"] += len(data)
-                counts["words"] += len(data.split())
-                counts["lines"] += data.count(b"\n")
+                chunks.append([len(ids), len(data), len(data.split()), data.count(b"\n")])
                 counts["invalid_utf8"] += count_invalid_utf8(data)
                 bar.update(len(data))
             last = batch[-1]
     if last and not last.endswith(b"\n"):
-        counts["lines"] += 1  # a final line without its line end still counts
+        chunks[-1][3] += 1  # a final line without its line end still counts
+    index = np.array(chunks, dtype=np.int64).reshape(-1, len(INDEX_COLUMNS))
+    counts.update({k: int(index[:, i].sum()) for i, k in enumerate(INDEX_COLUMNS)})
     if counts["tokens"] == 0:
         raise ValueError(f"{source.name}: the {split} split is empty")
-    return {"file": f"{split}.bin", **counts}
+    np.save(tmp / f"{split}.index.npy", index)
+    return {"file": f"{split}.bin", "index": f"{split}.index.npy", **counts}
 
 
 def _batched(items: Iterable[bytes], n: int) -> Iterator[list[bytes]]:

@@ -220,7 +220,7 @@ class TextFiles(TextSource):
         else:
             files = [p for path in paths for p in _expand(path)]
             if not files:
-                raise ValueError("text: give --path FILE_OR_FOLDER (or one file per split)")
+                raise ValueError(f"text: no files in {', '.join(map(str, paths)) or 'no path'}")
             self.split_ranges = _fraction_ranges(files, fractions)
             self._location = {"paths": [str(Path(p).resolve()) for p in paths],
                               "fractions": [float(f) for f in fractions]}
@@ -341,7 +341,8 @@ class SympyCode(TextSource):
     def _build(self) -> None:
         with temporary_directory(self.folder) as tmp:
             path = download_wheel(self.wheel, tmp)  # the sha256 is checked before unzipping
-            with atomic_directory(self.folder) as out, zipfile.ZipFile(path) as whl:
+            own = lambda folder: (folder / SYMPY_INDEX).is_file()  # noqa: E731
+            with atomic_directory(self.folder, own) as out, zipfile.ZipFile(path) as whl:
                 documents: dict[str, list[tuple[str, int]]] = {s: [] for s in SPLITS}
                 for info in sorted(whl.infolist(), key=lambda i: i.filename):
                     if not _is_sympy_document(info):
@@ -392,22 +393,25 @@ SOURCES = ("wikitext103", "pg19", "enwik8", "text", "enwiki-mini", "sympy-code")
 def open_source(name: str, path: str | Path | None = None, *,
                 paths: Sequence[str | Path] = (), splits: dict[str, str | Path] | None = None,
                 fractions: Sequence[float] = (0.9, 0.05, 0.05), variant: str | None = None,
-                cache: Path | None = None) -> TextSource:
+                cache: Path | None = None, path_setting: str = "data.path") -> TextSource:
     """A source by name. ``paths``, ``splits`` and ``fractions`` are for ``text``; ``variant``
     (tokens / raw) for ``wikitext103``; ``cache`` (the download folder) for ``enwiki-mini``
-    and ``sympy-code``."""
-    if name == "enwiki-mini":
-        return EnwikiMini(cache)
-    if name == "sympy-code":
-        if path is not None or paths or splits:
-            raise ValueError("source sympy-code takes no --path: it is fetched with pip")
-        return SympyCode(cache)
+    and ``sympy-code``. ``path_setting`` is what errors name as the setting that gives
+    ``path``: the run config's ``data.path`` (the default), or an option (``--path``)."""
+    given = [p for p in (path, *paths, *(splits or {}).values()) if p is not None]
+    if name in ("enwiki-mini", "sympy-code"):
+        if given:
+            raise ValueError(f"source {name} takes no {path_setting} (got {str(given[0])!r}): "
+                             f"it is fetched with pip")
+        return EnwikiMini(cache) if name == "enwiki-mini" else SympyCode(cache)
     if name == "text":
+        if not given:
+            raise ValueError(f"source text needs {path_setting}: its files or folders")
         return TextFiles([*paths, *([path] if path else [])], splits, fractions)
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r}; sources: {', '.join(SOURCES)}")
     if path is None:
-        raise ValueError(f"source {name} needs --path")
+        raise ValueError(f"source {name} needs {path_setting} (its file or folder)")
     if name == "wikitext103":
         return WikiText103(path, variant)
     return PG19(path) if name == "pg19" else Enwik8(path)

@@ -59,12 +59,15 @@ from ecp_lm.bench import BenchSpec, time_steps
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
 from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
+from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.study import resume_entries, write_json
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.models import build_model
 from ecp_lm.models.archs import architecture
+from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
+from ecp_lm.runfolder import holds_runs
 from ecp_lm.runtime import torch_threads
 from ecp_lm.train import train_or_resume
 
@@ -307,7 +310,7 @@ def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: in
     """Every entry and the recall stage, one after another (``jobs=1``) or ``jobs`` at a time
     (``run_parallel``, each on ``threads`` torch threads, by default the cores shared out), then
     the summary, ``results.md`` and the plots."""
-    budget, out = BUDGETS[budget_name], Path(out)
+    budget, out = BUDGETS[budget_name], output_folder(out, "long_context", legacy=holds_runs)
     if jobs > 1:
         threads = threads or max(1, (os.cpu_count() or 1) // jobs)
     with torch_threads(threads):
@@ -350,7 +353,8 @@ def run_scaling(budget_name: str, out: str | Path, progress: bool = True,
     any step is the same run as continuing it), its loss against position and its context gain
     on the validation split measured at each of ``budget.scaling`` steps. Each point is kept in
     ``DIR/scaling/<arch>/step<k>.json``; the training resumes from its last checkpoint."""
-    budget, out = BUDGETS[budget_name], Path(out) / "scaling" / arch
+    budget = BUDGETS[budget_name]
+    out = output_folder(out, "long_context", legacy=holds_runs) / "scaling" / arch
     points = []
     for steps in budget.scaling:
         path = out / f"step{steps}.json"
@@ -497,6 +501,7 @@ def markdown(summary: dict[str, Any], recall: dict[str, Any] | None = None) -> s
     return "\n".join(lines) + "\n"
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", choices=tuple(BUDGETS), default="small",

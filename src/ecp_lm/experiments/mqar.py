@@ -42,7 +42,6 @@ completes; a rerun skips those and trains only the missing ones. ``DIR/results.j
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import math
 import time
@@ -56,8 +55,10 @@ from torch import Tensor
 
 from ecp_lm import progress as prog
 from ecp_lm.config import ModelConfig
+from ecp_lm.experiments import one_line_errors
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.models import LanguageModel, build_model
+from ecp_lm.outputs import output_folder
 
 IGNORE = -100
 """Target of every position that is not a query (ignored by the loss)."""
@@ -570,6 +571,11 @@ def run_one(budget: Budget, arch: str, depth: int, progress: bool = False) -> di
             "wall_s": time.perf_counter() - start}
 
 
+def _holds_results(out: Path) -> bool:
+    """A folder of an earlier release: it holds an (arch, depth) ``result.json``."""
+    return any(any((out / arch).glob("L*/result.json")) for arch in MQAR_ARCHS)
+
+
 def run_path(out: Path, arch: str, depth: int) -> Path:
     return out / arch / f"L{depth}" / "result.json"
 
@@ -579,7 +585,7 @@ def run_experiment(budget_name: str, out: str | Path, archs: tuple[str, ...] | N
                    progress: bool = True) -> list[dict[str, Any]]:
     """Run every missing (arch, depth) of the budget (``steps``: override its training steps),
     then write the summary files. A folder holds the runs of one budget and one step count."""
-    budget, out = BUDGETS[budget_name], Path(out)
+    budget, out = BUDGETS[budget_name], output_folder(out, "mqar", legacy=_holds_results)
     if steps is not None:
         budget = replace(budget, train=replace(budget.train, steps=steps))
     archs, depths = archs or budget.archs, depths or budget.depths
@@ -663,15 +669,14 @@ def _grid_table(title: str, columns: list[int], grid: list[list[float]]) -> list
     return [*lines, ""]
 
 
-def _save(fig, path: Path) -> None:
-    buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=110)
-    write_bytes_atomic(path, buffer.getvalue())
+
 
 
 def write_plots(results: list[dict[str, Any]], out: Path, budget_name: str) -> None:
     """accuracy_vs_steps.png, accuracy_vs_depth.png, segment_probe.png and query_probe.png."""
     from matplotlib.figure import Figure
+
+    from ecp_lm.plot import save_png
 
     if not results:
         return
@@ -696,7 +701,7 @@ def write_plots(results: list[dict[str, Any]], out: Path, budget_name: str) -> N
         ax.legend(fontsize="small")
     axes[0].set_ylabel("held-out accuracy")
     fig.suptitle(f"MQAR accuracy against training steps (budget {budget_name})")
-    _save(fig, out / "accuracy_vs_steps.png")
+    save_png(fig, out / "accuracy_vs_steps.png", dpi=110)
 
     fig = Figure(figsize=(5, 3.6), layout="constrained")
     ax = fig.subplots()
@@ -712,7 +717,7 @@ def write_plots(results: list[dict[str, Any]], out: Path, budget_name: str) -> N
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
     ax.set_title(f"MQAR accuracy against depth (budget {budget_name})")
-    _save(fig, out / "accuracy_vs_depth.png")
+    save_png(fig, out / "accuracy_vs_depth.png", dpi=110)
 
     for name, xlabel in (("segment_probe", "segments after the value's segment"),
                          ("query_probe", "value-to-query segment offset")):
@@ -740,9 +745,10 @@ def write_plots(results: list[dict[str, Any]], out: Path, budget_name: str) -> N
             fig.colorbar(image, ax=axes, shrink=0.6, label="held-out probe accuracy")
         fig.suptitle(f"{name.replace('_', ' ')}: linear read-out of the value\n"
                      f"(budget {budget_name}, chance {chance:.3f})", fontsize="medium")
-        _save(fig, out / f"{name}.png")
+        save_png(fig, out / f"{name}.png", dpi=110)
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m ecp_lm.experiments.mqar",

@@ -25,10 +25,13 @@ from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.complexity import attention_cost
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate import evaluate_checkpoint
+from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.probe import RecallSpec, train_probe
 from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.runconfig import RunConfig
+from ecp_lm.runfolder import holds_runs
 from ecp_lm.train import train_or_resume
 
 
@@ -194,11 +197,11 @@ def resume_entries(todo: list[dict], out: Path, run: Callable[[dict], dict],
 
 
 def run_study(budget_name: str, out: str | Path, progress: bool = True) -> list[dict]:
-    budget, out = BUDGETS[budget_name], Path(out)
+    budget, out = BUDGETS[budget_name], output_folder(out, "study", legacy=holds_runs)
     results = resume_entries(entries(budget), out,
                              lambda entry: run_entry(budget, entry, out, progress), progress)
-    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    (out / "results.md").write_text(markdown(results, budget_name))
+    write_json(out / "results.json", results)
+    write_bytes_atomic(out / "results.md", markdown(results, budget_name).encode())
     plot_runs([out / r["name"] for r in results if r["name"].startswith("lm/")
                and r["seed"] == 0], out / "learning_curves.png",
               title=f"enwiki-mini (bytes), budget {budget_name}")
@@ -248,6 +251,7 @@ def markdown(results: list[dict], budget_name: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+@one_line_errors
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", choices=tuple(BUDGETS), default="small",

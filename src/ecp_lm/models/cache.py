@@ -6,6 +6,9 @@ A cache is a ring of ``capacity`` preallocated slots per batch row: position p l
 on those positions, and nothing else: exact by construction, and of fixed shape, so that one
 compiled graph serves every step (no slice grows, no Python branch reads the cache's state).
 Rows may stand at different positions (batched prompts of different lengths, ``stack``).
+Several new positions at once (a chunk, ``LanguageModel.hidden_states``) attend over the ring as
+it stood before them plus their own keys and values, and are written after: exact for a chunk
+of any length, in O(capacity + chunk) memory.
 
 The buffers take the dtype the model computes in (``LanguageModel.make_caches``): the
 parameters' dtype, or the autocast dtype when generation runs under ``torch.autocast``.
@@ -73,7 +76,9 @@ class KVCache(nn.Module):
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), the same in every row,
         continuing the positions written before; keeps the last ``capacity``. Returns the whole
-        ring: keys, values and the positions (B, capacity) their slots hold."""
+        ring: keys, values and the positions (B, capacity) their slots hold. Queries of these
+        positions attend before the write (``Attention._attend_cached``): a later position's
+        slot may hold one an earlier position sees."""
         self.next_pos = [p + input_pos.numel() for p in self.next_pos]
         if input_pos.numel() > self.capacity:
             input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],

@@ -54,17 +54,25 @@ class LanguageModel(nn.Module):
                       start_pos: int = 0, context: ContextGroup | None = None) -> Tensor:
         """tokens (B, T) int64 at positions ``start_pos`` .. -> final-normed hidden states of the
         predicted positions, (B, P, d) (P as in ``forward``). With ``caches`` (architectures
-        with a cache) their keys/values go into the caches (see ``prefill``); a decode step into
-        filled caches may continue at any position, a window only where ``check_start_pos``
-        allows. With a ``context`` group, tokens are this rank's shard of a window split across
-        the group's ranks (``ContextGroup.shard``; every rank of the group calls together)."""
+        with a cache) their keys/values go into the caches (see ``prefill``). Into filled caches,
+        tokens continue them at their next position, ``start_pos`` (a ValueError otherwise), in
+        chunks of any length, exactly: the hidden states are those of one forward over the whole
+        stream, as far as the architecture sees. A window starts only where
+        ``check_start_pos`` allows. With a ``context`` group, tokens are this rank's shard of a
+        window split across the group's ranks (``ContextGroup.shard``; every rank of the group
+        calls together)."""
         if tokens.dim() != 2 or tokens.dtype != torch.long:
             raise ValueError(f"tokens must be a (B, T) int64 tensor, got shape "
                              f"{tuple(tokens.shape)} dtype {tokens.dtype}")
         t = tokens.size(1)
         if context is not None:
             self.check_context(t, context, start_pos, caches)
-        if caches is None or not caches[0].filled:
+        if caches is not None and caches[0].filled:
+            expected = caches[0].next_pos
+            if any(p != start_pos for p in expected):
+                raise ValueError(f"hidden_states at start_pos={start_pos}, but the caches "
+                                 f"continue at position {_positions(expected)}")
+        else:
             self.arch.check_start_pos(start_pos)
         self.arch.check_length(start_pos + t)
         self._check_token_ids(tokens)

@@ -59,7 +59,7 @@ class Attention(nn.Module):
                 context: ContextGroup | None = None) -> Tensor:
         """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
         Returns (B, n_query, d). With a ``cache``: an empty one is filled (prefill); a filled
-        one receives the new rows, which then attend over everything it holds (decode). With a
+        one is continued by the new rows, any number of them (``_attend_cached``). With a
         ``context`` group, x is one shard of a window and the keys and values get the previous
         shard's halo (context_parallel.py)."""
         kv_pos = rows.positions(x.device)
@@ -68,8 +68,7 @@ class Attention(nn.Module):
         if self.rope is not None:
             q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
         if cache is not None and cache.filled:
-            keys, values, slot_pos = cache.update(kv_pos, k, v)
-            out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
+            out = self._attend_cached(q, k, v, q_pos, kv_pos, cache)
         else:
             if cache is not None:
                 cache.update(kv_pos, k, v)
@@ -78,6 +77,20 @@ class Attention(nn.Module):
             out = self._attend(q, k, v, rows)  # (B, H, Rq, D)
         b, _, rq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(b, rq, -1))
+
+    def _attend_cached(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, kv_pos: Tensor,
+                       cache: KVCache) -> Tensor:
+        """New rows at positions ``kv_pos`` (R,) that continue a filled cache: their queries
+        attend over the ring as it stands before them plus their own keys and values, (B, H,
+        capacity + R, D), the mask predicate on absolute positions deciding what each sees; then
+        the rows go into the ring. Writing first would be wrong for R > 1: a later row's slot
+        may hold a position an earlier row still sees."""
+        keys = torch.cat([cache.k, k.to(cache.k.dtype)], dim=2)  # (B, H, S + R, D)
+        values = torch.cat([cache.v, v.to(cache.v.dtype)], dim=2)
+        slot_pos = torch.cat([cache.pos, kv_pos.expand(k.size(0), -1)], dim=1)  # (B, S + R)
+        out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
+        cache.update(kv_pos, k, v)
+        return out
 
     def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
                rotation: tuple[Tensor, Tensor] | None = None) -> Tensor:
