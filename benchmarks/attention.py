@@ -3,10 +3,10 @@
 Kernels: ``ecp`` (ECP's fastest kernel without FlexAttention: on CPU ``attn_impl="native"``, the
 band kernel; on CUDA ``"mask"``, segment-batched SDPA with a static (m, 2m) mask), ``ecp_flash``
 (``"flash"``, the CPU fallback: two flash-attention calls merged by log-sum-exp), ``ecp_flex``
-(CUDA: compiled FlexAttention with the mask predicate, block mask built once per shape, what
-``attn_impl="auto"`` runs there), ``window`` (CPU: sliding-window attention over w keys, the
-native band kernel with rule (1, 0, w − 1)), ``window_flex`` (CUDA: FlexAttention with the
-sliding-window predicate) and ``causal`` (full causal SDPA, the baseline).
+(CUDA: compiled FlexAttention with the mask predicate, its block mask from ECP's band rule,
+what ``attn_impl="auto"`` runs there), ``window`` (CPU: sliding-window attention over w keys,
+the native band kernel with rule (1, 0, w − 1)), ``window_flex`` (CUDA: FlexAttention with the
+sliding-window predicate and rule) and ``causal`` (full causal SDPA, the baseline).
 
 Each kernel's time ratio to causal SDPA is also divided by its own ratio of unmasked (query, key)
 entries ("÷ entries"): 1 means it is as fast per needed entry as causal SDPA. The window w
@@ -47,7 +47,8 @@ import torch
 import torch.nn.functional as F
 
 from ecp_lm.models.attention import native
-from ecp_lm.models.attention.kernels import flex_attention_from_mask, segment_pair_attention
+from ecp_lm.models.attention.flex import Bands, flex_attention_from_mask
+from ecp_lm.models.attention.kernels import segment_pair_attention
 from ecp_lm.models.attention.masks import SegmentPairMask, SlidingWindowMask
 from ecp_lm.models.rows import Rows
 
@@ -62,18 +63,18 @@ def _kernel(name: str, segment_len: int, window: int):
         os.environ["ECP_LM_NATIVE"] = "0"  # this process only: the flash-attention fallback
         return lambda q, k, v: segment_pair_attention(q, k, v, segment_len)
     if name == "ecp_flex":
-        mask = SegmentPairMask(segment_len)
-        return lambda q, k, v: flex_attention_from_mask(q, k, v, mask,
-                                                        Rows.span(0, q.size(-2)))
+        mask, rule = SegmentPairMask(segment_len), (segment_len, 0, segment_len)
+        return lambda q, k, v: flex_attention_from_mask(
+            q, k, v, mask, Rows.span(0, q.size(-2)), Bands((rule,) * q.size(1), segment_len))
     if name == "window":
         if not native.load():
             raise RuntimeError("the window kernel needs the native band kernel, which is "
                                "unavailable here")
         return lambda q, k, v: native.band_attention(q, k, v, (1, 0, window - 1))
     if name == "window_flex":
-        window_mask = SlidingWindowMask(window)
-        return lambda q, k, v: flex_attention_from_mask(q, k, v, window_mask,
-                                                        Rows.span(0, q.size(-2)))
+        window_mask, rule = SlidingWindowMask(window), (1, 0, window - 1)
+        return lambda q, k, v: flex_attention_from_mask(
+            q, k, v, window_mask, Rows.span(0, q.size(-2)), Bands((rule,) * q.size(1), 1))
     if name == "causal":
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True)
     raise ValueError(f"unknown kernel {name!r}")

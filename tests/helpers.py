@@ -87,3 +87,22 @@ def run_cli(capsys, *argv):
     code = main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+def free_port() -> int:
+    """A TCP port free on this host now, for a process group's rendezvous."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_ranks(worker, world: int, tmp_path):
+    """Run ``worker(rank, world, port, tmp_path)`` in ``world`` processes (gloo ranks), after
+    writing the training corpus once for all of them; returns ``tmp_path``."""
+    import torch.multiprocessing as mp
+
+    tiny_run_config(tmp_path)  # writes the corpus once, before the workers start
+    mp.spawn(worker, args=(world, free_port(), tmp_path), nprocs=world, join=True)
+    return tmp_path

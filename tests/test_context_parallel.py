@@ -16,8 +16,7 @@ from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.models.context_parallel import ContextGroup, average_gradients
 from ecp_lm.models.lm import next_token_loss
 from ecp_lm.train import train
-from helpers import random_tokens, sharp_model, tiny_run_config
-from test_distributed import free_port
+from helpers import free_port, random_tokens, sharp_model, tiny_run_config
 
 BATCH, STEPS = 2, 3
 # name: (arch, ModelConfig overrides, T). TINY: N = 32, m = 8; sliding_window w = 13 (a halo

@@ -4,15 +4,13 @@ with gradient accumulation); each rank draws its own dropout masks, and a resume
 restores every rank's RNG."""
 
 import os
-import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.train import train
-from helpers import tiny_run_config
+from helpers import spawn_ranks, tiny_run_config
 
 STEPS, BATCH = 3, 2  # per rank; one process takes 2 * BATCH
 RUNS = {  # name: (overrides, stop_at then resume)
@@ -21,12 +19,6 @@ RUNS = {  # name: (overrides, stop_at then resume)
     "dropout": (["model.dropout=0.2"], False),
     "dropout-resumed": (["model.dropout=0.2"], True),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def config(tmp_path, overrides, batch_size):
@@ -68,9 +60,7 @@ def worker(rank: int, world: int, port: int, tmp_path) -> None:
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    tmp_path = tmp_path_factory.mktemp("ddp")
-    tiny_run_config(tmp_path)  # writes the corpus once, before the workers start
-    mp.spawn(worker, args=(2, free_port(), tmp_path), nprocs=2, join=True)
+    tmp_path = spawn_ranks(worker, 2, tmp_path_factory.mktemp("ddp"))
     return tmp_path, [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
 
 

@@ -25,6 +25,8 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 from ecp_lm.complexity import attention_cost
 from ecp_lm.config import ModelConfig
@@ -51,6 +53,10 @@ class BenchSpec:
     profile: bool = False
     """Also run one step under torch's profiler, for the share of its time in matrix products and
     attention kernels (``product_share``; CPU only: on CUDA the host clock does not see them)."""
+    checkpointing: bool = False
+    """Train with activation checkpointing (``LanguageModel.activation_checkpointing``)."""
+    attention_share: bool = True
+    """Time the steps again with attention passed through, for its share of the step."""
 
 
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
@@ -94,6 +100,24 @@ def peak_bytes(device: torch.device, mark: int) -> int:
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - mark) * 1024
 
 
+class CreatedBytes(TorchDispatchMode):
+    """Adds up the bytes of every tensor an operation creates inside it (views and in-place
+    results excluded): an upper bound on what the work held at once, exact on any device."""
+
+    def __init__(self):
+        super().__init__()
+        self.bytes = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.bytes += t.untyped_storage().nbytes()
+        return out
+
+
 def train_step(loss, tokens, optimizer) -> None:
     """One training step as every benchmark here times it: forward, backward, optimizer."""
     loss(tokens).backward()
@@ -132,6 +156,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     cfg = model_config(arch, seq_len, spec)
     device = torch.device(spec.device)
     model = build_model(cfg).to(device)
+    model.activation_checkpointing = spec.checkpointing
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, 256, (spec.batch_size, seq_len + 1), device=device)
     precision = resolve_precision(spec.precision, device)
@@ -141,7 +166,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
         times = time_steps(model, optimizer, tokens, spec, loss)
         peak = peak_bytes(device, mark)
         bare = None
-        if not spec.compile:
+        if spec.attention_share and not spec.compile:
             pass_attention_through(model)
             bare = statistics.median(time_steps(model, optimizer, tokens, spec))
         share = (product_share(model, optimizer, tokens, loss)
@@ -150,7 +175,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     attention = None if bare is None else max(step - bare, 0.0)
     cost = attention_cost(cfg)
     return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),
-            "compiled": spec.compile, "precision": precision,
+            "compiled": spec.compile, "precision": precision, "checkpointing": spec.checkpointing,
             "step_s": step, "tokens_per_s": spec.batch_size * seq_len / step,
             "peak_mib": peak / 2**20, "attention_s": attention,
             "attention_share": None if attention is None else attention / step,
@@ -377,6 +402,40 @@ def format_train_modes(rows: list[dict[str, Any]]) -> str:
                      f"kernels, so fusing all the rest gains at most "
                      f"{1 / r['product_share']:.2f}×")
         lines.append(line)
+    return "\n".join(lines)
+
+
+# Activation checkpointing ------------------------------------------------------------------------
+
+def run_checkpointing(archs: list[str], seq_lens: list[int], spec: BenchSpec,
+                      progress: bool = True) -> list[dict[str, Any]]:
+    """Every (arch, N) trained without and then with activation checkpointing, each in its own
+    subprocess (without the attention-share timing), with the peak memory and step time of the
+    second as ratios to the first: ``memory_ratio`` and ``time_ratio``."""
+    rows = []
+    for seq_len in seq_lens:
+        for arch in archs:
+            for checkpointing in (False, True):
+                case = replace(spec, checkpointing=checkpointing, attention_share=False)
+                rows += run([arch], [seq_len], case, progress)
+    base = {(r["arch"], r["seq_len"]): r for r in rows if not r["checkpointing"]}
+    for r in rows:
+        without = base[(r["arch"], r["seq_len"])]
+        r["memory_ratio"] = r["peak_mib"] / without["peak_mib"] if without["peak_mib"] else None
+        r["time_ratio"] = r["step_s"] / without["step_s"]
+    return rows
+
+
+def format_checkpointing(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'arch':<12}{'N':>7}{'checkpointing':>14}{'step s':>9}{'tok/s':>9}"
+             f"{'peak MiB':>10}{'peak ÷ off':>11}{'time ÷ off':>11}"]
+    for r in rows:
+        memory = "-" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}"
+        lines.append(f"{r['arch']:<12}{r['seq_len']:>7}{'on' if r['checkpointing'] else 'off':>14}"
+                     f"{r['step_s']:>9.2f}{r['tokens_per_s']:>9,.0f}{r['peak_mib']:>10,.0f}"
+                     f"{memory:>11}{r['time_ratio']:>11.2f}")
+    lines.append("one training step (forward, backward, AdamW); peak: growth of the resident set "
+                 "(CPU) or the allocator's maximum (CUDA) over the steps")
     return "\n".join(lines)
 
 

@@ -44,6 +44,7 @@ from ecp_lm.data.cache import TokenCache, open_cache, open_run_cache, prepare
 from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
 from ecp_lm.data.sources import open_source
 from ecp_lm.data.tokenizers import Tokenizer
+from ecp_lm.models.lm import LanguageModel
 from ecp_lm.progress import bar
 from ecp_lm.runconfig import PATHLESS_SOURCES
 from ecp_lm.runtime import autocast, resolve_device, resolve_precision
@@ -95,12 +96,10 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
         batch, num_scored = window_batch(tokens, groups[min(index, len(groups) - 1)], seq_len)
         batch = batch.to(device)
         with autocast or nullcontext():
-            logits = model(batch[:, :-1])  # (B, P, V)
+            nll = window_nll(model, batch)  # (B, P)
         if index >= len(groups):
             continue
-        p = logits.size(1)
-        targets = batch[:, batch.size(1) - p:]  # (B, P)
-        nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+        p = nll.size(1)
         keep = torch.arange(p, device=device)[None, :] >= p - torch.tensor(
             num_scored, device=device)[:, None]  # the last num_scored positions of each row
         nll_sum += nll[keep].double().sum()
@@ -110,6 +109,18 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
         torch.distributed.all_reduce(count)
     model.train(was_training)
     return nll_sum.item(), int(count.item())
+
+
+def window_nll(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Next-token nll (B, P) float32 of the P positions ``model`` predicts from ``batch[:, :-1]``
+    (B, T + 1). A ``LanguageModel`` runs its head a chunk of rows at a time (``forward`` with
+    targets), never holding the (B, P, V) logits; any other module returns logits, scored
+    whole."""
+    if isinstance(model, LanguageModel):
+        return model(batch[:, :-1], targets=batch[:, 1:], reduction="none")
+    logits = model(batch[:, :-1])  # (B, P, V)
+    targets = batch[:, batch.size(1) - logits.size(1):]  # (B, P)
+    return F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
 
 
 def lm_report(nll_sum: float, tokens_scored: int, text: ScoredText) -> dict[str, float]:
@@ -183,7 +194,8 @@ def score_stream_cached(model: nn.Module, tokens: np.ndarray, chunk_len: int,
     ``hidden_states`` continuing the caches, exact for any chunk length), and every target
     tokens[1:] is scored once, with all the context before it that the architecture sees. Only
     the chunk being scored is read from ``tokens`` (a memory map stays on disk) and held on
-    ``device``, with its logits; the caches are rings of fixed capacity."""
+    ``device``, with one chunk of rows of its logits at a time (``LanguageModel.head_loss``);
+    the caches are rings of fixed capacity."""
     check_streamable(model)
     if isinstance(chunk_len, bool) or not isinstance(chunk_len, int) or chunk_len < 1:
         raise ValueError(f"chunk_len={chunk_len!r} must be an integer >= 1")
@@ -200,11 +212,9 @@ def score_stream_cached(model: nn.Module, tokens: np.ndarray, chunk_len: int,
             stop = min(start + chunk_len, num_targets)
             chunk = torch.from_numpy(np.asarray(tokens[start:stop + 1], dtype=np.int64))
             chunk = chunk.to(device)[None]  # (1, C + 1): inputs and one more target
-            if start == 0:
-                logits = model.prefill(chunk[:, :-1], caches)  # (1, C, V)
-            else:
-                logits = model.head(model.hidden_states(chunk[:, :-1], caches, start))
-            nll_sum += F.cross_entropy(logits[0].float(), chunk[0, 1:], reduction="sum").double()
+            # The first chunk fills the empty caches (position 0 on), the rest continue them.
+            hidden = model.hidden_states(chunk[:, :-1], caches, start)  # (1, C, d)
+            nll_sum += model.head_loss(hidden, chunk[:, 1:], reduction="sum").double()
             progress_bar.update(stop - start)
     model.train(was_training)
     return nll_sum.item(), num_targets
@@ -283,10 +293,8 @@ def per_position_loss(model: nn.Module, tokens: np.ndarray, window: int, batch_s
                 for i in range(first, min(first + batch_size, num_windows))]
         batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, W + 1)
         with autocast or nullcontext():
-            logits = model(batch[:, :-1])  # (B, P, V): the last P positions
-        p = logits.size(1)
-        targets = batch[:, window + 1 - p:]  # (B, P)
-        nll = F.cross_entropy(logits.float().transpose(1, 2), targets, reduction="none")
+            nll = window_nll(model, batch)  # (B, P): the last P positions
+        p = nll.size(1)
         nll_sum[window - p:] += nll.double().sum(0)
         count[window - p:] += nll.size(0)
     model.train(was_training)

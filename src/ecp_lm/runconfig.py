@@ -100,6 +100,11 @@ class TrainConfig:
     """auto (cuda if available, else cpu), cpu, cuda, cuda:N."""
     fsdp: bool = False
     """Shard parameters with FSDP (fully_shard) instead of replicating them with DDP."""
+    activation_checkpointing: bool = False
+    """Keep only each block's input from the forward pass and recompute the block in the
+    backward pass (torch.utils.checkpoint): the activations of one block at a time instead of
+    every block's, for about one more forward pass per step; the same losses and gradients,
+    dropout masks included."""
     context_parallel: int = 1
     """Ranks that share one window, each computing K contiguous shards of it and exchanging a
     halo of keys and values with its neighbours (models/context_parallel.py): under torchrun,

@@ -27,7 +27,6 @@ from ecp_lm.evaluate import (
 )
 from ecp_lm.models.archs import architecture
 from ecp_lm.models.context_parallel import ContextGroup
-from ecp_lm.models.lm import next_token_loss
 from ecp_lm.runconfig import RunConfig
 
 
@@ -102,12 +101,14 @@ class LanguageModelling:
 
     def loss_sum(self, net: nn.Module, batch: Tensor) -> Tensor:
         """Summed next-token cross-entropy over the predicted positions (with context
-        parallelism, over this rank's shard of each window)."""
+        parallelism, over this rank's shard of each window), through ``net``'s forward (DDP's
+        and FSDP's hooks) and without the logits of the whole batch (``LanguageModel.forward``
+        with targets)."""
         if self.context is None:
-            return next_token_loss(net(batch[:, :-1]), batch, reduction="sum")
+            return net(batch[:, :-1], targets=batch[:, 1:], reduction="sum")
         shard, start_pos = self.context.shard(batch)
-        return next_token_loss(net(shard[:, :-1], start_pos, self.context), shard,
-                               reduction="sum")
+        return net(shard[:, :-1], start_pos, self.context, targets=shard[:, 1:],
+                   reduction="sum")
 
     def validate(self, model: nn.Module, dist: Dist,
                  autocast: AbstractContextManager | None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from ecp_lm.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save
 from ecp_lm.interrupts import Interrupted, StopRequest
 from ecp_lm.models import LanguageModel, build_model
 from ecp_lm.models.archs import architecture
-from ecp_lm.models.context_parallel import ContextGroup
+from ecp_lm.models.context_parallel import ContextGroup, average_gradients
 from ecp_lm.runconfig import RunConfig, TrainConfig
 from ecp_lm.runfolder import (
     METRICS,
@@ -94,12 +94,17 @@ def init_distributed(device: str, context_parallel: int = 1) -> Dist:
                          f"size {world} (the ranks torchrun starts)")
     resolved = resolve_device(device, "train.device")
     if world > 1:
-        if not torch.distributed.is_initialized():
-            backend = "nccl" if resolved.type == "cuda" else "gloo"
-            torch.distributed.init_process_group(backend)
-        if resolved.type == "cuda" and resolved.index is None:
-            resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+        if resolved.type == "cuda":
+            # Each rank takes its GPU from LOCAL_RANK before the process group starts, so that
+            # NCCL binds this rank's communicators to its own device (not all to cuda:0).
+            if resolved.index is None:
+                resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
             torch.cuda.set_device(resolved)
+        if not torch.distributed.is_initialized():
+            if resolved.type == "cuda":
+                torch.distributed.init_process_group("nccl", device_id=resolved)
+            else:
+                torch.distributed.init_process_group("gloo")
     context = None
     if context_parallel > 1:
         mesh = init_device_mesh(resolved.type, (world // context_parallel, context_parallel),
@@ -110,7 +115,23 @@ def init_distributed(device: str, context_parallel: int = 1) -> Dist:
 
 def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
     """DDP or FSDP across ranks; compiled across ranks with ``compile`` (on one process the
-    whole loss is compiled instead: ``_Loop.loss_sum``)."""
+    whole loss is compiled instead: ``_Loop.loss_sum``).
+
+    With context parallelism the model is not wrapped: its gradients are averaged over every
+    rank after the backward pass (``_Loop.step``), not by DDP during it. The backward pass
+    itself communicates: each layer's halo exchange returns gradients to the previous rank of
+    the context group (send/recv on that group's communicator), in the order autograd runs the
+    layers, which is the same on every rank (every rank runs the same graph). DDP would launch
+    its bucket all-reduces (on the world's communicator) from autograd hooks whenever a bucket
+    fills, in between those sends and receives; NCCL needs every rank to issue operations on
+    different communicators in one order, and where a bucket boundary falls relative to a halo
+    is an implementation detail of DDP's bucketing, not something the ranks agree on. After the
+    backward, every halo exchange of the step has been issued on every rank, and the gradient
+    all-reduces follow in parameter order: one order everywhere, by construction (tested with
+    gloo: every rank issues the same sequence of operations, and no all-reduce comes between a
+    step's first and last halo exchange)."""
+    if dist.context is not None:
+        return model
     if cfg.fsdp and dist.world_size > 1:
         from torch.distributed.fsdp import fully_shard
 
@@ -178,6 +199,7 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
     dist.barrier()  # every rank has checked the folder before rank 0 writes to it
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model)  # identical initial weights on every rank
+    model.activation_checkpointing = tc.activation_checkpointing  # before DDP/FSDP wrap it
     torch.manual_seed(_rank_seed(tc.seed, dist.rank))
     task = make_task(cfg, dist, progress and dist.is_main)
     model.to(dist.device)
@@ -206,8 +228,8 @@ def _check_context_parallel(cfg: RunConfig) -> None:
     tc = cfg.train
     unsupported = [name for name in ("fsdp", "compile") if getattr(tc, name)]
     if unsupported:
-        raise ValueError(f"train.context_parallel={tc.context_parallel} runs with DDP in eager "
-                         f"mode; not with train.{' or train.'.join(unsupported)}")
+        raise ValueError(f"train.context_parallel={tc.context_parallel} runs in eager mode with "
+                         f"replicated weights; not with train.{' or train.'.join(unsupported)}")
     architecture(cfg.model.arch)(cfg.model).check_context(cfg.model.seq_len, tc.context_parallel)
 
 
@@ -308,6 +330,8 @@ class _Loop:
                 loss = self.loss_sum(self.net, batch) / total
             loss.backward()
             loss_sum += loss.detach()
+        if self.dist.context is not None:  # after the backward, never inside it: see _wrap
+            average_gradients(self.model)
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
         value = loss_sum.item()

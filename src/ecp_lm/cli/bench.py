@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+from dataclasses import asdict
 from pathlib import Path
 
 from ecp_lm.cli.base import Command, check_at_least
@@ -45,6 +46,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "and backward)")
     parser.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto",
                         help="fp32, or bf16 autocast; auto: bf16 on CUDA, fp32 on CPU")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="instead of one mode, every case without and with activation "
+                             "checkpointing: peak memory and step time of each, and their "
+                             "ratios")
     parser.add_argument("--train-modes", action="store_true",
                         help="instead of one mode, every case eager and compiled, in fp32 and "
                              "bf16, with tokens/s as a ratio to eager fp32 in the same run")
@@ -62,6 +67,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--decode-window", type=int, default=1024, metavar="N",
                         help="the window N of the decode-modes comparison "
                              "(default: 1024; a multiple of --segment-len)")
+    parser.add_argument("--loss-memory", action="store_true",
+                        help="instead: the peak memory of one training step of an ECP body "
+                             "(--d-model, --n-layers, --n-heads, --segment-len) with the plain "
+                             "loss and with the chunked one, and the loss's share of it")
+    parser.add_argument("--loss-vocab", type=int, metavar="V",
+                        help="--loss-memory: the head's vocabulary (default: 50257)")
+    parser.add_argument("--loss-batch", type=int, metavar="B",
+                        help="--loss-memory: windows per step (default: 16)")
+    parser.add_argument("--loss-seq-len", type=int, metavar="N",
+                        help="--loss-memory: tokens per window (default: 1024; B × N rows)")
     parser.add_argument("--json", metavar="FILE",
                         help="write all results as JSON (a new file, or one ecp bench wrote)")
     parser.add_argument("--plot", metavar="FILE.png",
@@ -73,12 +88,27 @@ def check_arguments(args: argparse.Namespace) -> None:
     starts (ValueError naming the option)."""
     check_at_least(args, {"d_model": 1, "n_layers": 1, "n_heads": 1, "segment_len": 1,
                           "batch_size": 1, "warmup": 0, "repeats": 1, "threads": 1,
-                          "seq_lens": 1, "decode_lengths": 1, "decode_window": 1})
+                          "seq_lens": 1, "decode_lengths": 1, "decode_window": 1,
+                          "loss_vocab": 1, "loss_batch": 1, "loss_seq_len": 1})
+    other_modes = [o for o in ("train_modes", "decode_only", "loss_memory", "plot")
+                   if getattr(args, o, None)]
+    if args.checkpointing and other_modes:
+        raise ValueError(f"--checkpointing compares training steps without and with "
+                         f"checkpointing; it does not take --{other_modes[0].replace('_', '-')}")
     needed = {"--seq-lens": (args.seq_lens, not args.decode_only),
               "--decode-lengths": (args.decode_lengths, args.decode or args.decode_only)}
     for option, (lengths, used) in needed.items():
         if used and not lengths:
             raise ValueError(f"{option} names no length")
+    loss_options = [o for o in ("loss_vocab", "loss_batch", "loss_seq_len")
+                    if getattr(args, o) is not None]
+    if loss_options and not args.loss_memory:
+        raise ValueError(f"--{loss_options[0].replace('_', '-')} is an option of --loss-memory")
+    others = [o for o in ("train_modes", "decode", "decode_only", "compile", "plot")
+              if getattr(args, o)]
+    if args.loss_memory and others:
+        raise ValueError(f"--loss-memory measures one eager step on its own; it does not take "
+                         f"--{others[0].replace('_', '-')}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -102,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
                            args.compile, args.precision, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.loss_memory:
+        return _loss_memory(args, spec)
     archs = parse_archs(args.archs)
     if args.decode_only:
         args.decode = True
@@ -117,6 +149,9 @@ def run(args: argparse.Namespace) -> int:
     elif args.train_modes:
         results = bench.run_train_modes(archs, args.seq_lens, spec)
         print(bench.format_train_modes(results))
+    elif args.checkpointing:
+        results = bench.run_checkpointing(archs, args.seq_lens, spec)
+        print(bench.format_checkpointing(results))
     else:
         results = bench.run(archs, args.seq_lens, spec)
         print(bench.format_table(results))
@@ -131,8 +166,29 @@ def run(args: argparse.Namespace) -> int:
         print(bench.format_decode_modes(report["decode_modes"]))
     if args.json:
         write_bytes_atomic(Path(args.json), (json.dumps(report, indent=2) + "\n").encode())
-    if args.plot and results and not args.train_modes:
+    if args.plot and results and not (args.train_modes or args.checkpointing):
         bench.plot(results, str(args.plot))
+    return 0
+
+
+def _loss_memory(args: argparse.Namespace, spec) -> int:
+    import torch
+
+    from ecp_lm import bench, bench_loss
+    from ecp_lm.fsutil import write_bytes_atomic
+
+    sizes = {"vocab_size": args.loss_vocab, "batch_size": args.loss_batch,
+             "seq_len": args.loss_seq_len}
+    loss_spec = bench_loss.LossMemorySpec(**{k: v for k, v in sizes.items() if v is not None},
+                                          body=spec)
+    bench.model_config("ecp", loss_spec.seq_len, spec)  # a size that does not fit fails here
+    report = bench_loss.run(loss_spec)
+    print(bench_loss.format_table(report, loss_spec))
+    if args.json:
+        meta = {"torch": torch.__version__, "machine": platform.machine(), **asdict(loss_spec),
+                "threads": torch.get_num_threads()}
+        write_bytes_atomic(Path(args.json), (json.dumps({"meta": meta, "loss_memory": report},
+                                                        indent=2) + "\n").encode())
     return 0
 
 

@@ -124,14 +124,17 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
     def _loss(self, input_ids: Tensor, labels: Tensor, logits: Tensor,
               cache: EcpLmCache | None) -> Tensor:
         """``LanguageModel.loss`` of ``labels``: the predictions from ``input_ids[:, :-1]``.
-        Where every position is predicted those are the first T - 1 of ``logits``."""
+        Where every position is predicted those are the first T - 1 of ``logits``; otherwise
+        the model runs on ``input_ids[:, :-1]`` with the labels as targets (its chunked head:
+        no second set of logits)."""
         if labels.shape != input_ids.shape:
             raise ValueError(f"labels must have the shape of input_ids "
                              f"{tuple(input_ids.shape)}, got {tuple(labels.shape)}")
         t = input_ids.size(1)
         if cache is None and logits.size(1) == t and self.model.arch.num_predicted(t - 1) == t - 1:
             return next_token_loss(logits[:, :-1], labels.to(logits.device))
-        return next_token_loss(self.model(input_ids[:, :-1]), labels.to(input_ids.device))
+        labels = labels.to(input_ids.device)
+        return self.model(input_ids[:, :-1], targets=labels[:, 1:])
 
     def prepare_inputs_for_generation(self, input_ids: Tensor, **kwargs: Any) -> dict[str, Any]:
         """transformers' preparation; without a cache (``use_cache=False``) only the context

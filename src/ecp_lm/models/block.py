@@ -50,9 +50,11 @@ class Block(nn.Module):
         self.dropout = nn.Dropout(cfg.dropout)
 
     def attend(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
-               context: ContextGroup | None = None) -> tuple[Tensor, Rows]:
-        """The attention sub-layer with its residual: (B, R, d) -> (B, n_query, d)."""
-        update = self.attn(self.attn_norm(x), rows, n_query, cache, context)
+               context: ContextGroup | None = None, rotation: tuple[Tensor, Tensor] | None = None
+               ) -> tuple[Tensor, Rows]:
+        """The attention sub-layer with its residual: (B, R, d) -> (B, n_query, d);
+        ``rotation``: the rotary (cos, sin) at ``rows`` (``Attention.forward``)."""
+        update = self.attn(self.attn_norm(x), rows, n_query, cache, context, rotation)
         return x[:, x.size(1) - n_query:] + self.dropout(update), rows.tail(n_query)
 
     def feed_forward(self, x: Tensor) -> Tensor:
@@ -66,6 +68,7 @@ class Block(nn.Module):
         return x + self.dropout(self.ff.decode(self.ff_norm(x)))
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
-                context: ContextGroup | None = None) -> tuple[Tensor, Rows]:
-        x, rows = self.attend(x, rows, n_query, cache, context)
+                context: ContextGroup | None = None,
+                rotation: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query, cache, context, rotation)
         return self.feed_forward(x), rows

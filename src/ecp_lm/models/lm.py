@@ -11,16 +11,23 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.models.archs import architecture
 from ecp_lm.models.attention.native import decode_linear
 from ecp_lm.models.cache import KVCache
 from ecp_lm.models.context_parallel import ContextGroup
-from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.models.loss import linear_cross_entropy
+from ecp_lm.models.rope import RotaryEmbedding, Rotations
 
 
 class LanguageModel(nn.Module):
+    activation_checkpointing: bool = False
+    """Recompute each block's activations in backward instead of keeping them
+    (``torch.utils.checkpoint``; ``train.activation_checkpointing``): honoured when training with
+    autograd on, and never with KV caches."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
@@ -78,9 +85,25 @@ class LanguageModel(nn.Module):
         self._check_token_ids(tokens)
         rows, n_predicted = self.arch.input_rows(t, start_pos), self.arch.num_predicted(t)
         x = self.dropout(self.embed(tokens))  # (B, T, d)
+        rope, dtype = self.blocks[0].attn.rope, self.compute_dtype(tokens.device.type)
+        # rope: the one RotaryEmbedding, which layer 0 holds whenever any layer rotates
+        rotations = None if rope is None else Rotations(rope, tokens.device)
+        recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
-            x, rows = block(x, rows, self.arch.num_queries(i, rows, n_predicted), cache, context)
+            # Looked up here, outside any recomputed block (a checkpointed region that
+            # torch.compile traces may not write to the memo): once per row layout.
+            rotation = None if block.attn.rope is None else rotations(rows, dtype)
+            args = (x, rows, self.arch.num_queries(i, rows, n_predicted), cache, context,
+                    rotation)
+            if recompute and cache is None:
+                # The block's activations are dropped and recomputed in backward, under the
+                # forward's RNG state (the same dropout masks). A context group's halo exchange
+                # is recomputed too: every rank recomputes its layers in the same order, so the
+                # repeated messages pair up, and they carry the same keys and values.
+                x, rows = checkpoint(block, *args, use_reentrant=False, preserve_rng_state=True)
+            else:
+                x, rows = block(*args)
         return self.norm(x[:, x.size(1) - n_predicted:])
 
     def check_context(self, shard_len: int, context: ContextGroup, start_pos: int,
@@ -106,8 +129,8 @@ class LanguageModel(nn.Module):
             raise ValueError(f"token ids must lie in 0..{self.cfg.vocab_size - 1}, "
                              f"got min {lo} max {hi}")
 
-    def forward(self, tokens: Tensor, start_pos: int = 0, context: ContextGroup | None = None
-                ) -> Tensor:
+    def forward(self, tokens: Tensor, start_pos: int = 0, context: ContextGroup | None = None,
+                targets: Tensor | None = None, reduction: str = "mean") -> Tensor:
         """tokens (B, T) -> logits (B, P, vocab) of the last P positions, P = min(latent_len, T)
         for the perceiver family and T for every other architecture; or (B, num_classes) with a
         classification head (over the mean hidden state of the predicted positions).
@@ -115,16 +138,39 @@ class LanguageModel(nn.Module):
         ``start_pos``: the absolute position of the first token, where the architecture allows
         one other than 0 (ecp: any multiple of m, computing the same function as at 0); a
         ValueError otherwise. ``context``: tokens are one shard of a window split across ranks
-        (``hidden_states``); the logits are those of the shard's positions."""
+        (``hidden_states``); the logits are those of the shard's positions.
+
+        ``targets`` (B, T), the token after each input (``tokens[:, 1:]`` and one more): instead
+        of logits, the cross-entropy of the predicted positions (``head_loss``: ``reduction``
+        mean, sum, or none (B, P)), computed without the (B, P, vocab) logits. The loss is
+        reached through ``forward`` so that DDP's and FSDP's hooks see it."""
         hidden = self.hidden_states(tokens, start_pos=start_pos, context=context)
         if self.cfg.num_classes is not None:
+            if targets is not None:
+                raise ValueError("targets: a classifier's loss is the cross-entropy of its "
+                                 "(B, num_classes) output; call it without targets")
             return self.head(hidden.mean(dim=1))
-        return self.head(hidden)
+        if targets is None:
+            return self.head(hidden)
+        if targets.shape != tokens.shape:
+            raise ValueError(f"targets must have the shape of tokens {tuple(tokens.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        return self.head_loss(hidden, targets[:, targets.size(1) - hidden.size(1):], reduction)
+
+    def head_loss(self, hidden: Tensor, targets: Tensor, reduction: str = "mean") -> Tensor:
+        """Cross-entropy of ``head(hidden)`` for hidden (B, P, d) against targets (B, P) (-100:
+        not counted), in float32, over chunks of rows (``models.loss``): the same loss and
+        gradients as the logits' ``F.cross_entropy`` without holding them. ``reduction``: mean,
+        sum, or none: (B, P), for scoring without a gradient."""
+        loss = linear_cross_entropy(hidden.reshape(-1, hidden.size(-1)), self.head.weight,
+                                    self.head.bias, targets.reshape(-1), reduction)
+        return loss.view(targets.shape) if reduction == "none" else loss
 
     # Incremental decoding (architectures with a cache_capacity) --------------------------------
     def compute_dtype(self, device_type: str) -> torch.dtype:
-        """The dtype activations come out in: autocast's where it is on, else the parameters'."""
-        if torch.is_autocast_enabled(device_type):
+        """The dtype activations come out in: autocast's where it is on, else the parameters'
+        (also on devices without autocast, such as ``meta``)."""
+        if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             return torch.get_autocast_dtype(device_type)
         return self.embed.weight.dtype
 
@@ -197,9 +243,9 @@ class LanguageModel(nn.Module):
         ``context`` group, the mean over this rank's shard of the window (the window's mean is
         the mean over the group's ranks: context_parallel.py)."""
         if context is None:
-            return next_token_loss(self(tokens[:, :-1]), tokens)
+            return self(tokens[:, :-1], targets=tokens[:, 1:])
         shard, start_pos = context.shard(tokens)
-        return next_token_loss(self(shard[:, :-1], start_pos, context), shard)
+        return self(shard[:, :-1], start_pos, context, targets=shard[:, 1:])
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -219,7 +265,9 @@ def _positions(positions: list[int]) -> str:
 
 def next_token_loss(logits: Tensor, tokens: Tensor, reduction: str = "mean") -> Tensor:
     """Cross-entropy of logits (B, P, V) for the last P inputs of ``tokens`` (B, T + 1), whose
-    targets are the last P tokens; computed in float32."""
+    targets are the last P tokens; computed in float32. For logits already at hand: training
+    and scoring reach the loss through ``LanguageModel.forward(..., targets=...)``, which never
+    holds them."""
     targets = tokens[:, tokens.size(1) - logits.size(1):]  # (B, P)
     return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
                            reduction=reduction)

@@ -19,6 +19,11 @@ rebasing positions (so a KV cache can keep keys rotated at their absolute positi
 The table is kept as an int64 buffer holding the float64 bits, so that ``model.to(bfloat16)``,
 which casts floating-point buffers, cannot round it. MPS has no float64: there the angles are
 computed on the CPU and the cos/sin moved to the device.
+
+The float64 work runs once per forward, not per layer: ``Rotations`` keeps the (cos, sin) of each
+row layout a forward meets (``Rows``; most architectures have one, PerceiverAR and
+compressed_double two) and every layer with those rows reuses it, its queries (the last rows)
+taking the tail. A decode step likewise computes its rotation once for every layer.
 """
 
 from __future__ import annotations
@@ -28,6 +33,8 @@ from fractions import Fraction
 
 import torch
 from torch import Tensor, nn
+
+from ecp_lm.models.rows import Rows
 
 TWO_PI = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
 CHUNK_BITS = 21
@@ -95,3 +102,28 @@ def rotate(x: Tensor, rotation: tuple[Tensor, Tensor]) -> Tensor:
     cos, sin = rotation
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+
+
+def rotation_tail(rotation: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tensor]:
+    """The (cos, sin) (R, D/2) of the last ``n`` rows: the query rows of a layer whose keys are
+    all R rows."""
+    cos, sin = rotation
+    return cos[cos.size(0) - n:], sin[sin.size(0) - n:]
+
+
+class Rotations:
+    """The rotary (cos, sin) of one forward by row layout: computed the first time a layer
+    holds ``rows`` and reused by every later layer that holds the same ones. Made afresh for
+    each forward, it holds a handful of entries (one per layout and dtype)."""
+
+    def __init__(self, rope: RotaryEmbedding, device: torch.device):
+        self.rope, self.device = rope, device
+        self._memo: dict[tuple[int, int, int, int, torch.dtype], tuple[Tensor, Tensor]] = {}
+
+    def __call__(self, rows: Rows, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each (R, D/2), at the positions of ``rows``."""
+        # Plain ints as the key: a graph torch.compile traces holds them as constants.
+        key = (rows.history.start, rows.history.stop, rows.main.start, rows.main.stop, dtype)
+        if key not in self._memo:
+            self._memo[key] = self.rope.rotation(rows.positions(self.device), dtype, self.device)
+        return self._memo[key]

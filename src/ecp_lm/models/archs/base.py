@@ -11,8 +11,9 @@ checks of its own config fields, and (i) its sizing in ``ecp bench``. Everything
 Kernels (``ModelConfig.attn_impl``) are named by what runs:
 
 - ``reference``: dense attention with the mask predicate materialised (any device; O(T²));
-- ``flex``: FlexAttention with the predicate as ``mask_mod`` (compiled on CUDA; on CPU eager and
-  forward only; no dropout);
+- ``flex``: FlexAttention with the predicate as ``mask_mod``, compiled once for every length,
+  its block mask from the band rules where there are some (flex.py; the forward anywhere torch
+  compiles it, the backward only on CUDA; no dropout);
 - ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64, no dropout);
 - ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
   batched over blocks, or merged by log-sum-exp);
@@ -31,7 +32,7 @@ import torch
 from torch import Tensor
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models.attention import native
+from ecp_lm.models.attention import flex, native
 from ecp_lm.models.attention.masks import Mask
 from ecp_lm.models.block import Block
 from ecp_lm.models.rope import RotaryEmbedding
@@ -204,6 +205,8 @@ class Architecture:
                 return "FlexAttention has no dropout (dropout > 0 in training)"
             if needs_backward and not q.is_cuda:
                 return f"FlexAttention has no backward on {q.device.type} (training needs CUDA)"
+            if q.device.type == "cpu" and not flex.compiles_on_cpu():
+                return "torch compiles FlexAttention for x86 CPUs with AVX2 only, not this one"
             return None
         if kernel not in self.kernels:
             return f"arch={self.cfg.arch!r} has no {kernel!r} kernel"
@@ -224,6 +227,11 @@ class Architecture:
         """Run ``kernel``, one of ``kernels``, exact for ``mask`` (q: the last rows of
         ``rows``)."""
         raise NotImplementedError
+
+    def flex_bands(self, n_heads: int) -> flex.Bands | None:
+        """The block structure FlexAttention's block mask is built from; None: from the
+        predicate, evaluated block row by block row (flex.py)."""
+        return None
 
 
 class PerceiverFamily(Architecture):
@@ -284,6 +292,13 @@ class BandArchitecture(Architecture):
     def cache_capacity(self) -> int:
         # For a rule, q - lo(q) + 1 is largest just before lo(q) moves on: period + back.
         return max(rule[0] + rule[2] for _, rule in self.band_rules())
+
+    def flex_bands(self, n_heads: int) -> flex.Bands:
+        rules = [None] * n_heads
+        for heads, rule in self.band_rules():
+            for head in range(n_heads)[heads]:
+                rules[head] = rule
+        return flex.Bands(tuple(rules), self.period)
 
     def reach(self, t: int) -> int:
         """The first position any head of query position ``t`` sees, in one layer."""

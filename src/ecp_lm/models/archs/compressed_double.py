@@ -31,8 +31,9 @@ class CompressingBlock(Block):
         nn.init.zeros_(self.compress.bias)
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: None = None,
-                context: None = None) -> tuple[Tensor, Rows]:
-        x, rows = self.attend(x, rows, n_query)
+                context: None = None, rotation: tuple[Tensor, Tensor] | None = None
+                ) -> tuple[Tensor, Rows]:
+        x, rows = self.attend(x, rows, n_query, rotation=rotation)
         x, rows = self.compress_history(x, rows)
         return self.feed_forward(x), rows
 

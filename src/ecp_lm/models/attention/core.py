@@ -20,7 +20,7 @@ from ecp_lm.models.attention.kernels import (
 )
 from ecp_lm.models.attention.native import decode_linear
 from ecp_lm.models.cache import KVCache
-from ecp_lm.models.rope import RotaryEmbedding, rotate
+from ecp_lm.models.rope import RotaryEmbedding, rotate, rotation_tail
 from ecp_lm.models.rows import Rows
 
 if TYPE_CHECKING:
@@ -56,17 +56,22 @@ class Attention(nn.Module):
         return q, k, v
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
-                context: ContextGroup | None = None) -> Tensor:
+                context: ContextGroup | None = None, rotation: tuple[Tensor, Tensor] | None = None
+                ) -> Tensor:
         """x (B, R, d) holds ``rows``; the last ``n_query`` rows produce queries.
         Returns (B, n_query, d). With a ``cache``: an empty one is filled (prefill); a filled
         one is continued by the new rows, any number of them (``_attend_cached``). With a
         ``context`` group, x is one shard of a window and the keys and values get the previous
-        shard's halo (context_parallel.py)."""
+        shard's halo (context_parallel.py). ``rotation``: the rotary embedding's (cos, sin) at
+        the positions of ``rows``, computed once per forward for every layer with these rows
+        (``rope.Rotations``); computed here if None."""
         kv_pos = rows.positions(x.device)
         q_pos = kv_pos[len(rows) - n_query:]
         q, k, v = self._project(x, n_query)
         if self.rope is not None:
-            q, k = self.rope(q, q_pos), self.rope(k, kv_pos)
+            if rotation is None:
+                rotation = self.rope.rotation(kv_pos, q.dtype, x.device)
+            q, k = rotate(q, rotation_tail(rotation, n_query)), rotate(k, rotation)
         if cache is not None and cache.filled:
             out = self._attend_cached(q, k, v, q_pos, kv_pos, cache)
         else:
@@ -122,5 +127,6 @@ class Attention(nn.Module):
             return reference_attention(q, k, v, self.arch.mask, kv_pos[len(rows) - q.size(-2):],
                                        kv_pos, dropout_p)
         if kernel == "flex":
-            return flex_attention_from_mask(q, k, v, self.arch.mask, rows)
+            return flex_attention_from_mask(q, k, v, self.arch.mask, rows,
+                                            self.arch.flex_bands(self.n_heads))
         return self.arch.attend(q, k, v, rows, dropout_p, kernel)

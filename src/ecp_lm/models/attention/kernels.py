@@ -17,7 +17,7 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
   (block_local, and each half of the heads of s2).
 - ``double_attention``: the Double Attention family. History rows attend (unmasked) within their
   history block; latent rows attend lower-right causally to every key.
-- ``flex_attention_from_mask``: FlexAttention with the predicate as ``mask_mod``.
+- ``flex_attention_from_mask`` (flex.py): FlexAttention with the predicate as ``mask_mod``.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from ecp_lm.models.attention import native
+from ecp_lm.models.attention.flex import flex_attention_from_mask  # noqa: F401 (re-export)
 from ecp_lm.models.attention.masks import Mask, materialize
 from ecp_lm.models.attention.segment_lse import segment_pairs_lse
 from ecp_lm.models.rows import Rows
@@ -213,37 +214,3 @@ def cached_attention(q: Tensor, k: Tensor, v: Tensor, mask: Mask, q_pos: Tensor,
     if out is not None:
         return out
     return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
-
-
-# FlexAttention --------------------------------------------------------------------------------
-
-@lru_cache(maxsize=64)
-def _block_mask(mask: Mask, q_rows: Rows, kv_rows: Rows, n_heads: int, device: torch.device):
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    q_pos, kv_pos = q_rows.positions(device), kv_rows.positions(device)
-
-    def mask_mod(b, h, q_idx, kv_idx):
-        if mask.per_head:
-            return mask(q_pos[q_idx], kv_pos[kv_idx], h)
-        return mask(q_pos[q_idx], kv_pos[kv_idx])
-
-    heads = n_heads if mask.per_head else None
-    return create_block_mask(mask_mod, None, heads, len(q_rows), len(kv_rows), device=device)
-
-
-@lru_cache(maxsize=1)
-def _compiled_flex():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def flex_attention_from_mask(q: Tensor, k: Tensor, v: Tensor, mask: Mask, rows: Rows) -> Tensor:
-    """FlexAttention whose ``mask_mod`` is the predicate; the block mask is built once per
-    (mask, layout, device) and reused. Compiled on CUDA; eager (forward only) elsewhere."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    block_mask = _block_mask(mask, rows.tail(q.size(-2)), rows, q.size(1), q.device)
-    kernel = _compiled_flex() if q.is_cuda else flex_attention
-    return kernel(q, k, v, block_mask=block_mask)

@@ -1,0 +1,217 @@
+"""The GPU check's measurements, in one process, into one JSON and a short table.
+
+    python benchmarks/gpu_check.py --json OUT/gpu_check.json          # on a CUDA machine
+    python benchmarks/gpu_check.py --device cpu --quick --json x.json  # the same code, tiny
+
+Sections (each runs on its own: a failure is recorded in the JSON and the others go on):
+
+- ``device``: the GPU, torch, the fastest bf16 matrix products measured here, and the device's
+  nominal dense bf16 peak where it is known (``NOMINAL_BF16``);
+- ``train``: one training step (forward, backward, AdamW; bf16 autocast) of ecp, sliding_window
+  and the transformer at the ``paper`` width (d_model 768, 12 layers, 6 heads, m = 256), batch 1,
+  for T = 2k, 8k, 32k and, for the local patterns, 64k: tokens/s, peak memory (the CUDA
+  allocator's), the step's matrix-product FLOPs from the model's own count
+  (``ecp_lm.bench.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
+  matrix products measured here. All cases share the process, so FlexAttention compiles once;
+- ``block_masks``: the bytes allocated while building each band architecture's FlexAttention
+  block mask at T = 4k, 16k, 64k, and how many times the compiled FlexAttention call compiled
+  over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
+- ``decode``: ECP's and the transformer's decode step at batch 1, eager and compiled, beside the
+  bandwidth floor (``ecp_lm.bench.run_decode_modes``).
+
+``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
+runs it so); ``--budget S`` skips what would start after S seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
+
+from ecp_lm import bench
+from ecp_lm.bench import BenchSpec
+
+NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12,
+                "A10G": 125e12, "RTX 4090": 165e12}
+"""Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets (SXM parts)."""
+
+TRAIN_ARCHS = ("ecp", "sliding_window", "transformer")
+LOCAL = ("ecp", "sliding_window")
+
+
+def sizes(quick: bool) -> dict[str, Any]:
+    if quick:
+        return {"spec": dict(d_model=32, n_layers=2, n_heads=2, segment_len=16),
+                "train_lens": (64, 128), "local_lens": (256,), "mask_lens": (256, 1024),
+                "decode_window": 128}
+    return {"spec": dict(d_model=768, n_layers=12, n_heads=6, segment_len=256),
+            "train_lens": (2048, 8192, 32768), "local_lens": (65536,),
+            "mask_lens": (4096, 16384, 65536), "decode_window": 4096}
+
+
+def device_section(device: torch.device) -> dict[str, Any]:
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    nominal = next((v for k, v in NOMINAL_BF16.items() if k in name), None) \
+        if device.type == "cuda" else None
+    return {"name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "matmul_flops_per_s": bench.matmul_rate(device, dtype, 768 if nominal else 256),
+            "nominal_bf16_flops_per_s": nominal}
+
+
+def train_section(device: torch.device, size: dict[str, Any], info: dict[str, Any],
+                  left: Callable[[], float]) -> list[dict[str, Any]]:
+    spec = BenchSpec(**size["spec"], batch_size=1, warmup=1, repeats=3, device=device.type,
+                     precision="auto")
+    rows = []
+    cases = [(a, n) for n in size["train_lens"] for a in TRAIN_ARCHS]
+    cases += [(a, n) for n in size["local_lens"] for a in LOCAL]
+    for arch, seq_len in cases:
+        if left() <= 0:
+            rows.append({"arch": arch, "seq_len": seq_len, "skipped": "out of time"})
+            continue
+        try:
+            row = bench.run_case(arch, seq_len, spec)
+        except Exception as err:  # e.g. out of memory: the other cases still run
+            rows.append({"arch": arch, "seq_len": seq_len, "error": _short(err)})
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+            continue
+        flops = bench.step_flops(bench.model_config(arch, seq_len, spec), spec.batch_size)
+        rate = flops / row["step_s"]
+        nominal = info.get("nominal_bf16_flops_per_s")
+        rows.append({**{k: row[k] for k in ("arch", "seq_len", "params", "precision", "step_s",
+                                             "tokens_per_s", "peak_mib", "kernel")},
+                     "step_flops": flops, "flops_per_s": rate,
+                     "mfu": rate / nominal if nominal else None,
+                     "ratio_to_matmul": rate / info["matmul_flops_per_s"]})
+        print(f"  train {arch:>15} T={seq_len:>6}: {row['tokens_per_s']:>10,.0f} tok/s, "
+              f"{row['peak_mib']:>9,.0f} MiB", file=sys.stderr, flush=True)
+    return rows
+
+
+def block_mask_section(device: torch.device, size: dict[str, Any]) -> dict[str, Any]:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import block_masks  # benchmarks/block_masks.py
+
+    return block_masks.gpu_check_section(device, size["mask_lens"])
+
+
+def decode_section(device: torch.device, size: dict[str, Any], quick: bool) -> dict[str, Any]:
+    spec = BenchSpec(**size["spec"], device=device.type)
+    steps, rounds = (8, 2) if quick else (32, 2)
+    return bench.run_decode_modes(spec, size["decode_window"], batches=(1,), steps=steps,
+                                  rounds=rounds)
+
+
+def _short(err: BaseException) -> str:
+    return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
+
+
+SECTIONS = ("device", "train", "block_masks", "decode")
+
+
+def run(device: torch.device, quick: bool, budget: float,
+        only: tuple[str, ...] = SECTIONS) -> dict[str, Any]:
+    start = time.monotonic()
+
+    def left() -> float:
+        return budget - (time.monotonic() - start)
+
+    size = sizes(quick)
+    report: dict[str, Any] = {"quick": quick, "errors": {}}
+    sections: list[tuple[str, Callable[[], Any]]] = [
+        ("device", lambda: device_section(device)),
+        ("train", lambda: train_section(device, size, report.get("device", {}), left)),
+        ("block_masks", lambda: block_mask_section(device, size)),
+        ("decode", lambda: decode_section(device, size, quick)),
+    ]
+    for name, section in sections:
+        if name not in only:
+            continue
+        if left() <= 0:
+            report["errors"][name] = "skipped: out of time"
+            continue
+        print(f"== {name}", file=sys.stderr, flush=True)
+        began = time.monotonic()
+        try:
+            report[name] = section()
+        except Exception as err:
+            report["errors"][name] = _short(err)
+            traceback.print_exc()
+        report.setdefault("seconds", {})[name] = time.monotonic() - began
+    return report
+
+
+def table(report: dict[str, Any]) -> str:
+    lines = []
+    info = report.get("device")
+    if info:
+        lines.append(f"device {info['name']}, torch {info['torch']}, matrix products "
+                     f"{info['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s measured")
+    rows = [r for r in report.get("train", []) if "step_s" in r]
+    if rows:
+        lines += ["", "| arch | T | tokens/s | peak MiB | MFU | ÷ measured products |",
+                  "|---|---|---|---|---|---|"]
+        for r in rows:
+            mfu = "-" if r["mfu"] is None else f"{r['mfu']:.1%}"
+            lines.append(f"| {r['arch']} | {r['seq_len']:,} | {r['tokens_per_s']:,.0f} | "
+                         f"{r['peak_mib']:,.0f} | {mfu} | {r['ratio_to_matmul']:.2f} |")
+    for r in report.get("train", []):
+        if "step_s" not in r:
+            lines.append(f"{r['arch']} T={r['seq_len']}: {r.get('error') or r.get('skipped')}")
+    masks = report.get("block_masks")
+    if masks:
+        lines += ["", "| arch | T | block mask MiB |", "|---|---|---|"]
+        for r in masks.get("cases", []):
+            lines.append(f"| {r['arch']} | {r['seq_len']:,} | {r['mib']:.1f} |")
+        if "compiles" in masks:
+            lines.append(f"compiled FlexAttention over {masks.get('lengths', '?')} lengths: "
+                         f"{masks['compiles']} compile(s)")
+    decode = report.get("decode")
+    if decode:
+        lines += ["", "| arch | mode | ms/step | ÷ floor |", "|---|---|---|---|"]
+        for c in decode["cases"]:
+            lines.append(f"| {c['arch']} | {c['mode']} | {c['ms_per_step']:.3f} | "
+                         f"{c['ratio_to_floor']:.2f} |")
+    for name, err in report.get("errors", {}).items():
+        lines.append(f"{name}: {err}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes (a CPU smoke run)")
+    parser.add_argument("--budget", type=float, default=420.0,
+                        help="seconds after which no further case starts (default 420)")
+    parser.add_argument("--sections", default=",".join(SECTIONS), metavar="A,B",
+                        help=f"which sections to run (default: all of {', '.join(SECTIONS)})")
+    parser.add_argument("--json", required=True, metavar="FILE", help="where the report goes")
+    args = parser.parse_args(argv)
+    only = tuple(s for s in args.sections.split(",") if s)
+    if not only or set(only) - set(SECTIONS):
+        parser.error(f"--sections {args.sections!r}: choose among {', '.join(SECTIONS)}")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("gpu_check: error: this torch sees no CUDA device", file=sys.stderr)
+        return 2
+    report = run(device, args.quick, args.budget, only)
+    Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+    print(table(report))
+    return 1 if report["errors"] else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
