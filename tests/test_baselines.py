@@ -1,6 +1,6 @@
 """The same-cost baselines (SPEC §3b): sliding_window, block_local and s2.
 
-Each is checked against facts written out here from the SPEC, not from the code: the mask grids,
+Each is checked against facts written out here from docs/spec.md, not from the code: the mask grids,
 how far back an output can depend on its input after L layers (by perturbation), exact decoding
 from constant-size ring caches far past the window, windows at offsets, and the default sizes.
 """
@@ -82,6 +82,7 @@ def test_shifted_group_mask_differs_between_head_halves():
 
 def first_visible(arch: str, cfg: ModelConfig, q: int) -> int:
     """SPEC §3b: the first position query q sees in one layer (over every head)."""
+    cfg = cfg.resolved()
     if arch == "sliding_window":
         return max(0, q - cfg.window + 1)
     if arch == "block_local":
@@ -189,7 +190,7 @@ def window_entries(n: int, w: int) -> int:
 
 @pytest.mark.parametrize(("n", "s"), [(32, 4), (64, 4), (256, 8), (1024, 4), (2048, 16)])
 def test_default_window_matches_ecp_entries(n, s):
-    w = ModelConfig(arch="sliding_window", seq_len=n, num_segments=s).window
+    w = ModelConfig(arch="sliding_window", seq_len=n, num_segments=s).resolved().window
     target = ecp_entries(n, s)
     best = min(range(1, n + 1), key=lambda x: (abs(window_entries(n, x) - target), x))
     assert w == best
@@ -198,8 +199,8 @@ def test_default_window_matches_ecp_entries(n, s):
 
 
 def test_default_block_is_ecp_one_layer_reach():
-    assert ModelConfig(arch="block_local", seq_len=64, num_segments=4).window == 32
-    assert ModelConfig(arch="block_local", seq_len=64, window=7).window == 7
+    assert ModelConfig(arch="block_local", seq_len=64, num_segments=4).resolved().window == 32
+    assert ModelConfig(arch="block_local", seq_len=64, window=7).resolved().window == 7
 
 
 @pytest.mark.parametrize(("fields", "message"), [

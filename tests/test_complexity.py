@@ -15,6 +15,7 @@ def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int
     Rows are window positions 0 .. N-1, except compressed_double after layer 0: the p compressed
     rows, then the l latents. The last layer queries only the predicted rows (nothing reads the
     others); PerceiverAR queries only its latents in every layer."""
+    cfg = cfg.resolved()
     n, num_layers, s = cfg.seq_len, cfg.n_layers, cfg.num_segments
     l = cfg.latent_len  # noqa: E741 (the paper's l)
     h = n - l

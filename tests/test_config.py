@@ -1,8 +1,10 @@
 """ModelConfig validation (one test per ValueError case), YAML round-trip and presets."""
 
+import dataclasses
+
 import pytest
 
-from ecp_lm import PRESETS, ModelConfig
+from ecp_lm import PRESETS, ModelConfig, build_model
 from ecp_lm.config import ARCHS
 
 
@@ -74,9 +76,47 @@ def test_other_choices():
 
 def test_defaults_resolved():
     cfg = ModelConfig(arch="compressed_double", seq_len=64)
-    assert (cfg.latent_len, cfg.history_len, cfg.compressed_len) == (32, 32, 16)
+    assert (cfg.latent_len, cfg.compressed_len) == (None, None)  # what the user set: nothing
+    resolved = cfg.resolved()
+    assert (resolved.latent_len, resolved.history_len, resolved.compressed_len) == (32, 32, 16)
+    assert cfg.history_len == 32 and cfg.latent_len is None  # resolved() leaves cfg as it was
     assert ModelConfig(arch="ecp", seq_len=64, num_segments=4).segment_len == 16
     assert ModelConfig(arch="ssplit", seq_len=64, num_segments=4).segment_len == 8
+
+
+@pytest.mark.parametrize(("arch", "field", "at_64", "at_1024"), [
+    ("sliding_window", "window", 25, 397),  # the same score entries as ECP at N, S = 4
+    ("block_local", "window", 32, 512),  # 2m
+    ("perceiver_ar", "latent_len", 32, 512),  # N/2
+    ("compressed_double", "compressed_len", 16, 256),  # h/2
+])
+def test_derived_sizes_never_go_stale(arch, field, at_64, at_1024):
+    """A size left unset is derived from the others where it is needed: a replaced seq_len, a
+    YAML edit or a preset gets the value a fresh config would, not one derived before."""
+    cfg = ModelConfig(arch=arch, seq_len=64, num_segments=4)
+    assert getattr(cfg.resolved(), field) == at_64
+    longer = dataclasses.replace(cfg, seq_len=1024)
+    assert getattr(longer.resolved(), field) == at_1024
+    fresh = ModelConfig(arch=arch, seq_len=1024, num_segments=4)
+    assert longer == fresh and getattr(fresh.resolved(), field) == at_1024
+    assert build_model(longer).arch.cfg == fresh.resolved()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_configs_of_earlier_releases_load_to_the_same_model(arch):
+    """Earlier releases wrote the derived sizes into config.yaml; such a config describes the
+    same model as the plain one (same parameters, same outputs, same resolved sizes)."""
+    import torch
+
+    plain = ModelConfig(arch=arch, seq_len=64, num_segments=4)
+    written = ModelConfig.from_dict(plain.resolved().to_dict())  # what 0.3 saved
+    assert written.resolved() == plain.resolved()
+    torch.manual_seed(0)
+    a = build_model(plain)
+    torch.manual_seed(0)
+    b = build_model(written)
+    tokens = torch.randint(0, 256, (2, 64))
+    assert torch.equal(a(tokens), b(tokens))
 
 
 @pytest.mark.parametrize("arch", ARCHS)

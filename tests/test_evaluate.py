@@ -143,7 +143,7 @@ def test_score_stream_scores_the_same_spec_targets_for_every_arch(arch):
     all N positions (ecp, transformer) or only the last l (the perceiver family)."""
     cfg = tiny_config(arch)
     n = cfg.seq_len
-    stride = min(n // 2, cfg.latent_len)
+    stride = min(n // 2, cfg.resolved().latent_len)
     with torch.no_grad():
         predicted = build_model(cfg)(random_tokens(1, n)).size(1)
     num_tokens = 100  # windows at 0, 16, 32, 48, 64 and a last one at 67

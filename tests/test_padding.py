@@ -19,6 +19,7 @@ N = TINY["seq_len"]
 def spec_mask(cfg, layer: int, q, kv):
     """SPEC §3 on row indices of the layer's rows: N window positions, or for compressed_double
     after layer 0 the p compressed rows followed by the l latents."""
+    cfg = cfg.resolved()
     h = cfg.seq_len - cfg.latent_len
     if cfg.arch == "perceiver_ar":
         return kv <= q

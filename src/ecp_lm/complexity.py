@@ -125,7 +125,7 @@ def attention_cost(cfg: ModelConfig) -> AttentionCost:
 
     arch = architecture(cfg.arch)(cfg)
     per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
-    sizes = {name: getattr(cfg, name) if name in arch.size_fields else None
+    sizes = {name: getattr(arch.cfg, name) if name in arch.size_fields else None
              for name in ("latent_len", "num_segments", "compressed_len", "window")}
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,

@@ -2,8 +2,13 @@
 
 Notation follows the research (SPEC §1): N = ``seq_len``, l = ``latent_len``, h = N - l,
 S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``, w = ``window``.
-The shared fields are checked here; each architecture fills in and checks its own
-(``Architecture.configure`` in ``models/archs/``).
+
+A config is plain data: it holds what the user set, and a size left unset stays ``None``
+(``latent_len``, ``compressed_len``, ``window``). The sizes that follow from the others are
+derived where they are needed, by ``resolved()``, so ``dataclasses.replace``, a YAML edit or a
+preset never carries a value derived from sizes that have since changed. The shared fields are
+checked here; each architecture derives and checks its own (``Architecture.defaults`` and
+``Architecture.check`` in ``models/archs/``), on the resolved view, when the config is built.
 """
 
 from __future__ import annotations
@@ -112,19 +117,34 @@ class ModelConfig:
             users = [a for a in REGISTRY if "window" in architecture(a).size_fields]
             raise ValueError(f"window={self.window} is set, but arch={self.arch!r} has no window "
                              f"(only {' and '.join(users)} use one); leave window unset (null)")
-        if self.latent_len is None:
-            self.latent_len = max(1, self.seq_len // 2)
-        architecture(self.arch).configure(self)
+        architecture(self.arch).check(self.resolved())
 
     # Derived sizes -------------------------------------------------------------------------
+    def resolved(self) -> ModelConfig:
+        """This config with every unset size derived from the others: ``latent_len`` N/2 (the
+        perceiver family's latents, and the l of every architecture's default evaluation
+        stride, SPEC §6), and the architecture's own (``Architecture.defaults``: the window of
+        sliding_window and block_local, compressed_double's p). A new config each call; the
+        config itself is left as the user set it."""
+        filled = {} if self.latent_len is not None else {"latent_len": self.default_latent_len}
+        filled.update((name, value) for name, value in
+                      architecture(self.arch).defaults(self).items()
+                      if getattr(self, name) is None)
+        return dataclasses.replace(self, **filled) if filled else self
+
+    @property
+    def default_latent_len(self) -> int:
+        return max(1, self.seq_len // 2)
+
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_heads
 
     @property
     def history_len(self) -> int:
-        """h = N - l (meaningful for the perceiver family)."""
-        return self.seq_len - self.latent_len
+        """h = N - l (meaningful for the perceiver family), with l resolved."""
+        latent = self.latent_len if self.latent_len is not None else self.default_latent_len
+        return self.seq_len - latent
 
     @property
     def segment_len(self) -> int:

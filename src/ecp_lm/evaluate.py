@@ -383,7 +383,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)
     tokens = cache.tokens(split)
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
-    stride = stride if stride is not None else default_stride(n, cfg.model.latent_len)
+    stride = stride if stride is not None else default_stride(n, cfg.model.resolved().latent_len)
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
     nll, count = score_stream(model, tokens, n, stride, batch_size, run.device, run.context,
                               progress=progress)

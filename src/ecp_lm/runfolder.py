@@ -173,6 +173,8 @@ def _check_unchanged(old: RunConfig, new: RunConfig, out_dir: Path) -> None:
     old = with_resolved_paths(old)  # a run of an earlier release may hold relative paths
     for section in ("model", "data"):
         before, after = getattr(old, section), getattr(new, section)
+        if section == "model":  # sizes an earlier release wrote out equal the derived ones
+            before, after = before.resolved(), after.resolved()
         if before != after:
             changed = [k for k in before.__dict__ if getattr(before, k) != getattr(after, k)]
             raise ValueError(f"--resume with a changed {section} config ({', '.join(changed)}); "

@@ -78,7 +78,7 @@ class LanguageModelling:
         self.context, self.shards = dist.context, dist.context_size
         self.seq_len = model.seq_len
         self.num_predicted = architecture(model.arch)(model).num_predicted(model.seq_len)
-        self.stride = default_stride(model.seq_len, model.latent_len)
+        self.stride = default_stride(model.seq_len, model.resolved().latent_len)
         check_stride(self.stride, model.seq_len, self.num_predicted, model.arch)
         valid = self.cache.tokens("valid")
         self.valid = valid[:train.eval_max_tokens] if train.eval_max_tokens else valid

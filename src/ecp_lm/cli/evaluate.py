@@ -31,7 +31,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the local baselines); the default stride becomes "
                              "min(T/2, latent_len)")
     parser.add_argument("--per-position", nargs="?", const="", metavar="FILE.json",
-                        help="instead of the SPEC 6 score, the mean loss at each position of "
+                        help="instead of the windowed score, the mean loss at each position of "
                              "non-overlapping windows of N (or --seq-len) tokens, each run from "
                              "position 0, in buckets of powers of two and of segments of m; "
                              "prints a table (or the JSON with --json) and, given a FILE, also "

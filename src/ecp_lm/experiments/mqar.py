@@ -566,7 +566,7 @@ def run_one(budget: Budget, arch: str, depth: int, progress: bool = False) -> di
     per_seq = max(1, budget.spec.num_queries)  # the query probe reads every query
     qry = query_probe(model, budget.spec, m, max(1, budget.probe_train // per_seq),
                       max(1, budget.probe_test // per_seq), seed=budget.train.seed)
-    return {"arch": arch, "n_layers": depth, "segment_len": m, "window": cfg.window,
+    return {"arch": arch, "n_layers": depth, "segment_len": m, "window": cfg.resolved().window,
             "model": cfg.to_dict(), **result, "segment_probe": seg, "query_probe": qry,
             "wall_s": time.perf_counter() - start}
 

@@ -43,7 +43,7 @@ class EcpLmConfig(PretrainedConfig):
                       ff_mult=ff_mult, dropout=dropout, rope=rope, tied_kv=tied_kv,
                       tie_embeddings=tie_embeddings, attn_impl=attn_impl,
                       num_classes=num_classes)
-        # Validated, with the architecture's own defaults (latent_len, window, ...) filled in.
+        # Validated; sizes left unset stay unset, as in ModelConfig (derived where needed).
         for name, value in ModelConfig(**values).to_dict().items():
             setattr(self, name, value)
         kwargs["tie_word_embeddings"] = tie_embeddings

@@ -30,7 +30,7 @@ class LanguageModel(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg = cfg
+        self.cfg = cfg = cfg.resolved()  # the sizes this model has, every one concrete
         self.arch = architecture(cfg.arch)(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)

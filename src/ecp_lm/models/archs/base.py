@@ -26,7 +26,7 @@ An explicit choice that cannot run a call raises ``ValueError`` saying why.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
@@ -83,14 +83,20 @@ class Architecture:
     """The ModelConfig fields that size this pattern (shown by ``ecp complexity``)."""
 
     def __init__(self, cfg: ModelConfig):
-        self.cfg = cfg
-        self.segment_len = cfg.segment_len  # read once: the config derives it per architecture
+        self.cfg = cfg.resolved()  # every size concrete: the pattern reads them directly
+        self.segment_len = self.cfg.segment_len  # read once: derived per architecture
 
     # Configuration --------------------------------------------------------------------------
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        """Fill in the defaults of this architecture's own fields and check them (ValueError).
-        Called by ``ModelConfig`` after the shared fields are checked."""
+    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+        """The values of this architecture's own size fields when the config leaves them unset
+        (``ModelConfig.resolved``), derived from the others; ValueError when they cannot be."""
+        return {}
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Check this architecture's own fields on the resolved config (ValueError). Called by
+        ``ModelConfig`` after the shared fields are checked."""
         choices = ("auto", "reference", "flex", *cls.kernels)
         if cfg.attn_impl not in choices:
             raise ValueError(f"arch={cfg.arch!r} has no attn_impl={cfg.attn_impl!r} kernel; "
@@ -242,8 +248,8 @@ class PerceiverFamily(Architecture):
     size_fields = ("latent_len",)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
         n = cfg.seq_len
         if not 1 <= cfg.latent_len <= n - 1:
             raise ValueError(f"latent_len={cfg.latent_len} is not in 1..seq_len-1={n - 1}")
@@ -377,8 +383,8 @@ class SegmentedBand(BandArchitecture):
     size_fields = ("num_segments",)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
         if cfg.seq_len % cfg.num_segments:
             raise ValueError(
                 f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
@@ -405,14 +411,14 @@ class WindowedBand(BandArchitecture):
     size_fields = ("window",)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
-        if cfg.window is None:
-            if cfg.seq_len % cfg.num_segments:
-                raise ValueError(f"the default window of arch={cfg.arch!r} is set from segments "
-                                 f"of seq_len/num_segments, but seq_len={cfg.seq_len} is not "
-                                 f"divisible by num_segments={cfg.num_segments}; set window")
-            cfg.window = cls.default_window(cfg.seq_len, cfg.num_segments)
+    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+        if cfg.window is not None:
+            return {}
+        if cfg.seq_len % cfg.num_segments:
+            raise ValueError(f"the default window of arch={cfg.arch!r} is set from segments "
+                             f"of seq_len/num_segments, but seq_len={cfg.seq_len} is not "
+                             f"divisible by num_segments={cfg.num_segments}; set window")
+        return {"window": cls.default_window(cfg.seq_len, cfg.num_segments)}
 
     @classmethod
     def default_window(cls, seq_len: int, num_segments: int) -> int:

@@ -9,6 +9,8 @@ p + l rows. The compressed rows take RoPE positions h - p .. h - 1, so the later
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor, nn
 
@@ -51,11 +53,13 @@ class CompressedDouble(Double):
     size_fields = ("latent_len", "compressed_len")
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
+    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+        return {"compressed_len": max(1, cfg.history_len // 2)}
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
         h = cfg.history_len
-        if cfg.compressed_len is None:
-            cfg.compressed_len = max(1, h // 2)
         if not 1 <= cfg.compressed_len <= h - 1:
             raise ValueError(f"compressed_len={cfg.compressed_len} is not in "
                              f"1..history_len-1={h - 1}")

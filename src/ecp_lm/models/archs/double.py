@@ -55,8 +55,8 @@ class SSplit(Double):
         self.mask = DoubleMask(cfg.history_len, cfg.segment_len)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
         if cfg.history_len % cfg.num_segments:
             raise ValueError(f"history length seq_len-latent_len={cfg.history_len} is not "
                              f"divisible by num_segments={cfg.num_segments}")

@@ -25,8 +25,8 @@ class ShiftedSparse(SegmentedBand):
         self.mask = ShiftedGroupMask(cfg.segment_len, cfg.n_heads)
 
     @classmethod
-    def configure(cls, cfg: ModelConfig) -> None:
-        super().configure(cfg)
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
         if cfg.segment_len % 2:
             raise ValueError(f"s2 shifts its groups by half a group, but the group "
                              f"seq_len/num_segments={cfg.segment_len} is odd")
