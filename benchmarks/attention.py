@@ -46,11 +46,11 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ecp_lm.models.attention import native
-from ecp_lm.models.attention.flex import Bands, flex_attention_from_mask
-from ecp_lm.models.attention.kernels import segment_pair_attention
-from ecp_lm.models.attention.masks import SegmentPairMask, SlidingWindowMask
-from ecp_lm.models.rows import Rows
+from ecp_lm.model.kernels import native
+from ecp_lm.model.kernels.flex import Bands, flex_attention_from_mask
+from ecp_lm.model.kernels.masks import SegmentPairMask, SlidingWindowMask
+from ecp_lm.model.kernels.sdpa import segment_pair_attention
+from ecp_lm.model.rows import Rows
 
 DEFAULT_KERNELS = {"cpu": ("ecp", "ecp_flash", "window"),
                    "cuda": ("ecp", "ecp_flex", "window_flex")}

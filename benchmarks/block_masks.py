@@ -42,10 +42,10 @@ from pathlib import Path
 import torch
 
 from ecp_lm import ModelConfig, build_model
-from ecp_lm.bench import CreatedBytes
-from ecp_lm.models.archs import architecture
-from ecp_lm.models.attention import flex
-from ecp_lm.models.rows import Rows
+from ecp_lm.bench.core import CreatedBytes
+from ecp_lm.model.archs import architecture
+from ecp_lm.model.kernels import flex
+from ecp_lm.model.rows import Rows
 
 ARCHS = ("ecp", "sliding_window", "block_local", "s2")
 FORWARD_ARCHS = ("ecp", "s2")

@@ -53,10 +53,10 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from torch import Tensor
 
-from ecp_lm.bench import BenchSpec, memory_mark, model_config, peak_bytes
-from ecp_lm.models import build_model
-from ecp_lm.models.archs import architecture
-from ecp_lm.models.context_parallel import ContextGroup, average_gradients
+from ecp_lm.bench.core import BenchSpec, memory_mark, model_config, peak_bytes
+from ecp_lm.model import build_model
+from ecp_lm.model.archs import architecture
+from ecp_lm.model.context_parallel import ContextGroup, average_gradients
 
 FLOAT32_BYTES = 4
 

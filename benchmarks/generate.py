@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ecp_lm.bench import BenchSpec, format_decode, run_decode
+from ecp_lm.bench.core import BenchSpec, format_decode, run_decode
 
 
 def plot(rows: dict[str, list[dict]], out: Path) -> None:

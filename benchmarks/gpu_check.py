@@ -11,13 +11,13 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   and the transformer at the ``paper`` width (d_model 768, 12 layers, 6 heads, m = 256), batch 1,
   for T = 2k, 8k, 32k and, for the local patterns, 64k: tokens/s, peak memory (the CUDA
   allocator's), the step's matrix-product FLOPs from the model's own count
-  (``ecp_lm.bench.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
+  (``ecp_lm.bench.core.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
   matrix products measured here. All cases share the process, so FlexAttention compiles once;
 - ``block_masks``: the bytes allocated while building each band architecture's FlexAttention
   block mask at T = 4k, 16k, 64k, and how many times the compiled FlexAttention call compiled
   over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
 - ``decode``: ECP's and the transformer's decode step at batch 1, eager and compiled, beside the
-  bandwidth floor (``ecp_lm.bench.run_decode_modes``).
+  bandwidth floor (``ecp_lm.bench.core.run_decode_modes``).
 
 ``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
 runs it so); ``--budget S`` skips what would start after S seconds.
@@ -39,8 +39,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ecp_lm import bench
-from ecp_lm.bench import BenchSpec
+from ecp_lm.bench import core as bench
+from ecp_lm.bench.core import BenchSpec
 
 NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12,
                 "A10G": 125e12, "RTX 4090": 165e12}

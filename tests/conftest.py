@@ -21,7 +21,7 @@ def arch(request) -> str:
 def native_kernel():
     """The native ECP kernel, built. It must build wherever the tests run (a C++ compiler is part
     of the test environment); ECP_LM_NATIVE=0 is the only way to skip the tests that need it."""
-    from ecp_lm.models.attention import native
+    from ecp_lm.model.kernels import native
 
     if os.environ.get("ECP_LM_NATIVE") == "0":
         pytest.skip("ECP_LM_NATIVE=0: native kernel turned off")

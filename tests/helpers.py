@@ -55,7 +55,7 @@ def write_corpus(path, n_lines: int = 600, seed: int = 0):
 
 def tiny_run_config(tmp_path, arch: str = "ecp", overrides=(), **train):
     """A RunConfig that trains a tiny byte-level model on a generated corpus, offline."""
-    from ecp_lm.runconfig import RunConfig
+    from ecp_lm.run.config import RunConfig
 
     corpus = tmp_path / "corpus.txt"
     if not corpus.exists():
@@ -71,7 +71,7 @@ def tiny_run_config(tmp_path, arch: str = "ecp", overrides=(), **train):
 
 def trained_runs(tmp_path, archs, steps: int) -> dict:
     """A tiny trained byte-level run folder per architecture, ``{arch: folder}``."""
-    from ecp_lm.train import train
+    from ecp_lm.train.loop import train
 
     out = {}
     for arch in archs:

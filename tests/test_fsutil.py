@@ -30,14 +30,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from ecp_lm.checkpoint import read_checkpoint, save_checkpoint
 from ecp_lm.data import cache as cache_module
 from ecp_lm.data import fetch as fetch_module
 from ecp_lm.data.cache import open_cache, prepare
 from ecp_lm.data.fetch import WheelMember, fetch
 from ecp_lm.data.sources import open_source
 from ecp_lm.fsutil import atomic_directory
-from ecp_lm.runconfig import RunConfig
+from ecp_lm.run.checkpoint import read_checkpoint, save_checkpoint
+from ecp_lm.run.config import RunConfig
 
 # Temporary names carry the host name (characters other than letters, digits, "_", "." and "-"
 # replaced by "_") and the pid of the process that made them.
@@ -49,8 +49,8 @@ FRACTIONS = (0.9, 0.05, 0.05)
 
 # What the children need, imported once by the fork server (this test module itself is not on
 # the server's path; each child imports it, cheaply once these are loaded).
-PRELOAD = ["numpy", "torch", "pytest", "safetensors.torch", "ecp_lm.checkpoint",
-           "ecp_lm.data.cache", "ecp_lm.data.fetch", "ecp_lm.runconfig"]
+PRELOAD = ["numpy", "torch", "pytest", "safetensors.torch", "ecp_lm.run.checkpoint",
+           "ecp_lm.data.cache", "ecp_lm.data.fetch", "ecp_lm.run.config"]
 
 
 def _context() -> mp.context.BaseContext:

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.plot import read_metrics
+from ecp_lm.run.checkpoint import read_checkpoint
 from helpers import tiny_run_config
 
 STEPS = 24
@@ -232,7 +232,7 @@ def test_ctrl_c_during_data_prepare(tmp_path):
 
 def test_ctrl_c_during_eval(tmp_path):
     cfg = tiny_run_config(tmp_path, steps=1)
-    from ecp_lm.train import train
+    from ecp_lm.train.loop import train
 
     train(cfg, tmp_path / "run", progress=False)
     delays = random_instants(3, [None] * 6)
@@ -242,13 +242,13 @@ def test_ctrl_c_during_eval(tmp_path):
 
 
 def test_demo_interrupted_says_to_rerun_the_same_command(monkeypatch, capsys):
-    import ecp_lm.demo
+    import ecp_lm.experiments.demo
     from ecp_lm.cli import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ecp_lm.demo, "run_demo", interrupted)
+    monkeypatch.setattr(ecp_lm.experiments.demo, "run_demo", interrupted)
     assert main(["demo", "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err == "ecp: interrupted; run the same command again to continue where it stopped\n"

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.cli import main
-from ecp_lm.train import train
+from ecp_lm.run.checkpoint import read_checkpoint
+from ecp_lm.train.loop import train
 from helpers import tiny_run_config
 
 
@@ -221,7 +221,7 @@ def test_no_lock_files_are_left_beside_outputs(tmp_path, run_dir):
 
 
 def test_relative_data_paths_are_stored_resolved(tmp_path, monkeypatch, capsys):
-    from ecp_lm.runconfig import RunConfig
+    from ecp_lm.run.config import RunConfig
     from helpers import write_corpus
 
     work = tmp_path / "work"

@@ -11,8 +11,8 @@ from importlib import import_module
 __version__ = "0.1.0"
 
 _EXPORTS = {"ARCHS": "ecp_lm.config", "PRESETS": "ecp_lm.config", "ModelConfig": "ecp_lm.config",
-            "generate": "ecp_lm.generation", "LanguageModel": "ecp_lm.models",
-            "build_model": "ecp_lm.models"}
+            "generate": "ecp_lm.generation", "LanguageModel": "ecp_lm.model",
+            "build_model": "ecp_lm.model"}
 
 __all__ = ["ARCHS", "PRESETS", "LanguageModel", "ModelConfig", "__version__", "build_model",
            "generate"]

@@ -8,7 +8,7 @@ A config is plain data: it holds what the user set, and a size left unset stays 
 derived where they are needed, by ``resolved()``, so ``dataclasses.replace``, a YAML edit or a
 preset never carries a value derived from sizes that have since changed. The shared fields are
 checked here; each architecture derives and checks its own (``Architecture.defaults`` and
-``Architecture.check`` in ``models/archs/``), on the resolved view, when the config is built.
+``Architecture.check`` in ``model/archs/``), on the resolved view, when the config is built.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from ecp_lm.models.archs import ARCHS, REGISTRY, architecture  # noqa: F401 (ARCHS re-exported)
+from ecp_lm.model.archs import ARCHS, REGISTRY, architecture  # noqa: F401 (ARCHS re-exported)
 
 ROPE_MODES = ("all", "first", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "reference")

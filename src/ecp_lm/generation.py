@@ -12,10 +12,10 @@ Without a cache, each new token is predicted from the context the architecture c
 
 With a cache (``use_cache=True``; every architecture with a ``cache_capacity``) the prompt is
 prefilled once and each token then costs one decode step against the per-layer KV caches
-(models/cache.py), kept in the dtype the model computes in (its parameters', or autocast's when
+(model/cache.py), kept in the dtype the model computes in (its parameters', or autocast's when
 generating under ``torch.autocast``). ECP's cache holds at most 2m positions (sliding_window's w,
 block_local's b, s2's G), so it generates without limit in constant memory and time per token,
-exactly at any position (rotary angles are reduced exactly, models/rope.py). The transformer's
+exactly at any position (rotary angles are reduced exactly, model/rope.py). The transformer's
 cache covers its window N; past N it slides the window as above.
 """
 
@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ecp_lm.models import LanguageModel
-from ecp_lm.models.cache import KVCache
+from ecp_lm.model import LanguageModel
+from ecp_lm.model.cache import KVCache
 
 
 def context_start(model: LanguageModel, length: int) -> int:

@@ -71,7 +71,7 @@ def test_mnist_5k(tmp_path, monkeypatch):
 
 def test_demo_end_to_end(tmp_path, capsys):
     """`ecp demo` on enwiki-mini with a few steps: both runs, the table, a sample, the PNG."""
-    from ecp_lm.demo import format_result, run_demo
+    from ecp_lm.experiments.demo import format_result, run_demo
 
     fetched(lambda: open_source("enwiki-mini"))
     result = run_demo(tmp_path / "demo", steps=3, progress=False)

@@ -2,7 +2,7 @@
 
 Each subcommand is a ``Command``: a one-line description, a function that adds its arguments to
 its parser, and a function that runs it from the parsed arguments and returns an exit code. The
-work itself lives in library modules (``ecp_lm.complexity``, ...). Errors a user can act on
+work itself lives in library modules (``ecp_lm.bench.complexity``, ...). Errors a user can act on
 (``ValueError``, unreadable files) print one line, ``ecp: error: ...``, and exit with code 2.
 """
 

@@ -114,7 +114,7 @@ def check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ecp_lm import bench
+    from ecp_lm.bench import core as bench
     from ecp_lm.cli.complexity import parse_archs
     from ecp_lm.fsutil import write_bytes_atomic
     from ecp_lm.outputs import check_file, is_json_report, is_png_plot
@@ -174,7 +174,8 @@ def run(args: argparse.Namespace) -> int:
 def _loss_memory(args: argparse.Namespace, spec) -> int:
     import torch
 
-    from ecp_lm import bench, bench_loss
+    from ecp_lm.bench import core as bench
+    from ecp_lm.bench import loss as bench_loss
     from ecp_lm.fsutil import write_bytes_atomic
 
     sizes = {"vocab_size": args.loss_vocab, "batch_size": args.loss_batch,

@@ -9,8 +9,8 @@ from typing import Any
 
 import yaml
 
+from ecp_lm.bench.complexity import compare, format_table
 from ecp_lm.cli.base import Command
-from ecp_lm.complexity import compare, format_table
 from ecp_lm.config import ARCHS, PRESETS
 
 SIZE_OVERRIDES = {

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from torch import Tensor
 
     from ecp_lm.data.tokenizers import Tokenizer
-    from ecp_lm.models import LanguageModel
+    from ecp_lm.model import LanguageModel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,8 +66,8 @@ def read_prompt(args: argparse.Namespace) -> str:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ecp_lm.checkpoint import read_checkpoint
     from ecp_lm.generation import check_generate_args, prompt_kept, steps_from_cache
+    from ecp_lm.run.checkpoint import read_checkpoint
     from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 
     if args.compile and args.no_cache:

@@ -27,7 +27,7 @@ def epilog(arguments: list[str]) -> str:
     import shutil
     import textwrap
 
-    from ecp_lm.runconfig import config_values, describe_fields, is_override
+    from ecp_lm.run.config import config_values, describe_fields, is_override
 
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--config")
@@ -55,7 +55,7 @@ def epilog(arguments: list[str]) -> str:
 def override(text: str) -> str:
     """An argparse type: a ``section.key=value`` token (its key and value are checked when the
     config is built)."""
-    from ecp_lm.runconfig import is_override
+    from ecp_lm.run.config import is_override
 
     if not is_override(text):
         raise argparse.ArgumentTypeError(f"{text!r} is neither an option nor a "
@@ -64,7 +64,7 @@ def override(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from ecp_lm.runconfig import RUN_PRESETS
+    from ecp_lm.run.config import RUN_PRESETS
 
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.help_epilog = epilog  # type: ignore[attr-defined]  (see cli.base.Parser)
@@ -100,7 +100,7 @@ def load_config(args: argparse.Namespace):
     """The run config: --config with the overrides, or with --resume and no --config the run's
     own config.yaml with the overrides on top."""
     from ecp_lm.cli.base import UsageError
-    from ecp_lm.runconfig import RunConfig
+    from ecp_lm.run.config import RunConfig
 
     if args.config is not None:
         return RunConfig.load(args.config, args.overrides)
@@ -119,9 +119,9 @@ def run(args: argparse.Namespace) -> int:
 
     from ecp_lm.cli.base import PROG, report_interrupted
     from ecp_lm.interrupts import Interrupted
-    from ecp_lm.runfolder import has_checkpoint
+    from ecp_lm.run.folder import has_checkpoint
     from ecp_lm.runtime import resolve_device
-    from ecp_lm.train import TrainingDivergedError, train
+    from ecp_lm.train.loop import TrainingDivergedError, train
 
     cfg = load_config(args)
     resolve_device(cfg.train.device, "train.device")  # here, so that an error names the key

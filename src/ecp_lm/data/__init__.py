@@ -1,3 +1,3 @@
 """Data: real corpora, tokenizers, token caches, batching and pixel sequences.
 
-This package never imports ``ecp_lm.models``."""
+This package never imports ``ecp_lm.model``."""

@@ -55,21 +55,21 @@ from typing import Any
 
 import torch
 
-from ecp_lm.bench import BenchSpec, time_steps
-from ecp_lm.checkpoint import read_checkpoint
-from ecp_lm.complexity import attention_cost
-from ecp_lm.evaluate import evaluate_checkpoint, per_position_checkpoint
+from ecp_lm.bench.complexity import attention_cost
+from ecp_lm.bench.core import BenchSpec, time_steps
+from ecp_lm.evaluate.core import evaluate_checkpoint, per_position_checkpoint
 from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.study import resume_entries, write_json
 from ecp_lm.fsutil import write_bytes_atomic
-from ecp_lm.models import build_model
-from ecp_lm.models.archs import architecture
+from ecp_lm.model import build_model
+from ecp_lm.model.archs import architecture
 from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_per_position, plot_runs, read_metrics
-from ecp_lm.runconfig import RunConfig
-from ecp_lm.runfolder import holds_runs
+from ecp_lm.run.checkpoint import read_checkpoint
+from ecp_lm.run.config import RunConfig
+from ecp_lm.run.folder import holds_runs
 from ecp_lm.runtime import torch_threads
-from ecp_lm.train import train_or_resume
+from ecp_lm.train.loop import train_or_resume
 
 ARCHS = ("transformer", "ecp", "sliding_window", "block_local", "s2", "perceiver_ar")
 """Study II's architectures, in the order they run: the full transformer first, since its loss

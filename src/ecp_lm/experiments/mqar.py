@@ -57,7 +57,7 @@ from ecp_lm import progress as prog
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments import one_line_errors
 from ecp_lm.fsutil import write_bytes_atomic
-from ecp_lm.models import LanguageModel, build_model
+from ecp_lm.model import LanguageModel, build_model
 from ecp_lm.outputs import output_folder
 
 IGNORE = -100

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.models import LanguageModel, build_model
+from ecp_lm.model import LanguageModel, build_model
 
 
 @dataclass(frozen=True)

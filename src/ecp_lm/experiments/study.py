@@ -21,18 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ecp_lm.checkpoint import read_checkpoint
-from ecp_lm.complexity import attention_cost
+from ecp_lm.bench.complexity import attention_cost
 from ecp_lm.config import ModelConfig
-from ecp_lm.evaluate import evaluate_checkpoint
+from ecp_lm.evaluate.core import evaluate_checkpoint
 from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.probe import RecallSpec, train_probe
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_runs, read_metrics
-from ecp_lm.runconfig import RunConfig
-from ecp_lm.runfolder import holds_runs
-from ecp_lm.train import train_or_resume
+from ecp_lm.run.checkpoint import read_checkpoint
+from ecp_lm.run.config import RunConfig
+from ecp_lm.run.folder import holds_runs
+from ecp_lm.train.loop import train_or_resume
 
 
 @dataclass(frozen=True)
@@ -131,7 +131,7 @@ def _mnist_config(budget: Budget, entry: dict) -> RunConfig:
 def _compresses(arch: str) -> bool:
     """Whether ``arch`` adds a learned history compression (``compressed_len``), whose size the
     study matches to the other architectures' parameter count."""
-    from ecp_lm.models.archs import architecture
+    from ecp_lm.model.archs import architecture
 
     return "compressed_len" in architecture(arch).size_fields
 
@@ -139,7 +139,7 @@ def _compresses(arch: str) -> bool:
 def matched_compressed_len(cfg: ModelConfig, tolerance: float = 0.04) -> int:
     """The largest p (at most the default h/2) whose Linear(h -> p) adds no more than
     ``tolerance`` of the other architectures' parameter count."""
-    from ecp_lm.models import build_model
+    from ecp_lm.model import build_model
 
     base = build_model(ModelConfig(**{**cfg.to_dict(), "arch": "double",
                                       "compressed_len": None})).num_params()

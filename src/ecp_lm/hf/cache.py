@@ -22,8 +22,8 @@ from torch import Tensor
 from transformers.cache_utils import Cache
 
 from ecp_lm.generation import context_start
-from ecp_lm.models import LanguageModel
-from ecp_lm.models.cache import KVCache
+from ecp_lm.model import LanguageModel
+from ecp_lm.model.cache import KVCache
 
 
 class EcpLmCache(Cache):

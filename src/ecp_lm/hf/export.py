@@ -17,11 +17,11 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from ecp_lm.checkpoint import read_checkpoint
 from ecp_lm.data.tokenizers import Tokenizer
 from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, file_mode
 from ecp_lm.hf.config import MODEL_TYPE
 from ecp_lm.hf.model import EcpLmForCausalLM
+from ecp_lm.run.checkpoint import read_checkpoint
 
 
 def to_transformers_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:

@@ -23,9 +23,9 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from ecp_lm.generation import context_start
 from ecp_lm.hf.cache import EcpLmCache
 from ecp_lm.hf.config import EcpLmConfig
-from ecp_lm.models import LanguageModel
-from ecp_lm.models.lm import next_token_loss
-from ecp_lm.models.rope import RotaryEmbedding
+from ecp_lm.model import LanguageModel
+from ecp_lm.model.model import next_token_loss
+from ecp_lm.model.rope import RotaryEmbedding
 
 # The name of the cache in outputs and model inputs: ``past_key_values``, until a transformers
 # 5.x release renamed it ``cache``.

@@ -1,0 +1,1 @@
+"""Benchmarks (``ecp bench``) and the analytic attention cost (``ecp complexity``)."""

@@ -1,0 +1,203 @@
+"""Analytic attention cost of each architecture (SPEC §3; the research's cost comparison).
+
+For a full window (T = N) this counts, with each architecture's closed-form formulas
+(``Architecture.layer_cost`` in model/archs/), the (query, key) pairs each layer's mask allows
+over the rows that layer actually computes queries for — the last layer of the perceiver family
+only queries its l predicted rows, PerceiverAR only ever queries its latents, and
+compressed_double's later layers hold p compressed history rows instead of h. Two counts:
+
+``entries``
+    exact unmasked score entries: what a kernel that skips every masked pair computes.
+``tile_entries``
+    the research's convention: every query block is scored against its whole key block, causal
+    triangles counted in full (ECP: (2S - 1)·m² per layer, i.e. (2S - 1)/S² of full attention;
+    sliding_window: blocks of w queries against their previous block and themselves; block_local
+    and s2: each block's square).
+
+FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each cost one multiply-add
+(2 FLOPs) per entry and per channel, summed over heads (n_heads · head_dim = d_model). Projections,
+softmax and the feed-forward are not included. The tests check ``entries`` against a brute-force
+count of the materialised masks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ecp_lm.config import ModelConfig
+
+FLOPS_PER_ENTRY_PER_CHANNEL = 4
+"""QKᵀ and PV: one multiply-add (2 FLOPs) each per score entry and per channel of d_model."""
+
+
+@dataclass(frozen=True)
+class AttentionCost:
+    """Attention cost of one architecture over one full window of N positions (batch 1)."""
+
+    arch: str
+    seq_len: int
+    """N."""
+    n_layers: int
+    """L."""
+    d_model: int
+    latent_len: int | None
+    """l (perceiver family only, else None)."""
+    num_segments: int | None
+    """S (ecp, ssplit and s2 only, else None)."""
+    compressed_len: int | None
+    """p (compressed_double only, else None)."""
+    window: int | None
+    """w (sliding_window and block_local only, else None)."""
+    entries_per_layer: tuple[int | float, ...]
+    """Exact (query, key) pairs the mask allows, over the rows each layer queries (per head; the
+    mean over heads where the mask differs between heads, as for s2)."""
+    tile_entries_per_layer: tuple[int | float, ...]
+    """Block-tile convention: each query block against its whole key block."""
+
+    @property
+    def entries(self) -> int:
+        return sum(self.entries_per_layer)
+
+    @property
+    def tile_entries(self) -> int:
+        return sum(self.tile_entries_per_layer)
+
+    @property
+    def flops_per_layer(self) -> tuple[int, ...]:
+        return tuple(self._flops(e) for e in self.entries_per_layer)
+
+    @property
+    def flops(self) -> int:
+        """Forward attention FLOPs of the whole model: 4 · d_model · entries."""
+        return self._flops(self.entries)
+
+    @property
+    def tile_flops(self) -> int:
+        return self._flops(self.tile_entries)
+
+    @property
+    def causal_entries(self) -> int:
+        """L · N(N+1)/2: full causal attention over every row in every layer."""
+        n = self.seq_len
+        return self.n_layers * n * (n + 1) // 2
+
+    @property
+    def full_entries(self) -> int:
+        """L · N²: full unmasked attention."""
+        return self.n_layers * self.seq_len ** 2
+
+    @property
+    def ratio_to_causal(self) -> float:
+        return self.entries / self.causal_entries
+
+    @property
+    def ratio_to_full(self) -> float:
+        return self.entries / self.full_entries
+
+    @property
+    def tile_ratio_to_full(self) -> float:
+        """ECP: exactly (2S - 1)/S²."""
+        return self.tile_entries / self.full_entries
+
+    def _flops(self, entries: int | float) -> int | float:
+        return FLOPS_PER_ENTRY_PER_CHANNEL * self.d_model * entries
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-ready data: the sizes, per-layer lists, totals and ratios."""
+        data = dataclasses.asdict(self)
+        data["entries_per_layer"] = list(self.entries_per_layer)
+        data["tile_entries_per_layer"] = list(self.tile_entries_per_layer)
+        data["flops_per_layer"] = list(self.flops_per_layer)
+        data["tile_flops_per_layer"] = [self._flops(e) for e in self.tile_entries_per_layer]
+        for name in ("entries", "tile_entries", "flops", "tile_flops", "causal_entries",
+                     "full_entries", "ratio_to_causal", "ratio_to_full", "tile_ratio_to_full"):
+            data[name] = getattr(self, name)
+        return data
+
+
+def attention_cost(cfg: ModelConfig) -> AttentionCost:
+    """The analytic attention cost of ``cfg``'s architecture over a full window (each
+    architecture's ``layer_cost``)."""
+    from ecp_lm.model.archs import architecture
+
+    arch = architecture(cfg.arch)(cfg)
+    per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
+    sizes = {name: getattr(arch.cfg, name) if name in arch.size_fields else None
+             for name in ("latent_len", "num_segments", "compressed_len", "window")}
+    return AttentionCost(
+        arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
+        **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
+        tile_entries_per_layer=tuple(t for _, t in per_layer))
+
+
+def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str]) -> list[AttentionCost]:
+    """The cost of each of ``archs`` at the sizes of ``base`` (a config, or its fields).
+
+    An architecture whose constraints the sizes break (e.g. ssplit needs h divisible by S)
+    raises the config's ValueError, prefixed with the architecture's name.
+    """
+    from ecp_lm.model.archs import architecture
+
+    fields = base.to_dict() if isinstance(base, ModelConfig) else dict(base)
+    costs = []
+    for arch in archs:
+        own = {**fields, "arch": arch}
+        if "window" not in architecture(arch).size_fields:  # sizes only the windowed patterns
+            own.pop("window", None)
+        try:
+            cfg = ModelConfig.from_dict(own)
+        except ValueError as err:
+            raise ValueError(f"{arch}: {err}") from err
+        costs.append(attention_cost(cfg))
+    return costs
+
+
+def _run_lengths(values: Iterable[int]) -> str:
+    """``[5, 3, 3, 3, 1]`` -> ``"5 + 3×3 + 1"``, numbers with thousands separators."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and runs[-1][0] == value:
+            runs[-1][1] += 1
+        else:
+            runs.append([value, 1])
+    return " + ".join(f"{v:,}" + (f"×{k}" if k > 1 else "") for v, k in runs)
+
+
+def _sizes(cost: AttentionCost) -> str:
+    parts = [("l", cost.latent_len), ("S", cost.num_segments), ("p", cost.compressed_len),
+             ("w", cost.window)]
+    return " ".join(f"{name}={value}" for name, value in parts if value is not None) or "-"
+
+
+def format_table(costs: list[AttentionCost]) -> str:
+    """A plain aligned text table of ``costs``, with a title line and a legend."""
+    header = ("arch", "sizes", "entries per layer", "total entries", "fwd GFLOPs",
+              "vs causal", "vs full", "tile vs full")
+    body = [(c.arch, _sizes(c), _run_lengths(c.entries_per_layer), f"{c.entries:,}",
+             f"{c.flops / 1e9:.2f}", f"{c.ratio_to_causal:.1%}", f"{c.ratio_to_full:.1%}",
+             f"{c.tile_ratio_to_full:.1%}") for c in costs]
+    widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
+    left = {0, 1, 2}  # text columns; numbers are right-aligned
+
+    def line(row: tuple[str, ...]) -> str:
+        cells = (cell.ljust(w) if i in left else cell.rjust(w)
+                 for i, (cell, w) in enumerate(zip(row, widths, strict=True)))
+        return "  ".join(cells).rstrip()
+
+    lines = []
+    if costs:
+        c = costs[0]
+        lines.append(f"Attention cost per window: N={c.seq_len}, L={c.n_layers}, "
+                     f"d_model={c.d_model}, batch 1, forward")
+    lines += [line(header), line(tuple("-" * w for w in widths))]
+    lines += [line(row) for row in body]
+    lines += [
+        "",
+        "entries: (query, key) pairs the mask allows, over the rows each layer queries;",
+        "GFLOPs: 4·d_model·entries (QKᵀ and PV); vs causal: / L·N(N+1)/2; vs full: / L·N²;",
+        "tile: each query block scored against its whole key block (ECP: (2S-1)/S²).",
+    ]
+    return "\n".join(lines)

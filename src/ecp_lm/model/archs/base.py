@@ -1,0 +1,426 @@
+"""What distinguishes one architecture from another on the shared skeleton (SPEC §2).
+
+An architecture is one class in one file of this package, registered by one line in
+``__init__.py``. It owns everything specific to its pattern: (a) a mask predicate on absolute
+positions (the specification), (b) which rows produce queries in each layer, (c) which positions
+are predicted, (d) its exact fast kernels, (e) its decoding cache, (f) its analytic attention cost
+(``ecp complexity``), (g) the receptive field uncached generation needs, (h) the defaults and
+checks of its own config fields, and (i) its sizing in ``ecp bench``. Everything else
+(embedding, blocks, norm, head) is shared.
+
+Kernels (``ModelConfig.attn_impl``) are named by what runs:
+
+- ``reference``: dense attention with the mask predicate materialised (any device; O(T²));
+- ``flex``: FlexAttention with the predicate as ``mask_mod``, compiled once for every length,
+  its block mask from the band rules where there are some (flex.py; the forward anywhere torch
+  compiles it, the backward only on CUDA; no dropout);
+- ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64, no dropout);
+- ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
+  batched over blocks, or merged by log-sum-exp);
+- ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
+- ``auto``: the fastest of the architecture's kernels that can run the call.
+
+An explicit choice that cannot run a call raises ``ValueError`` saying why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.model.block import Block
+from ecp_lm.model.kernels import flex, native
+from ecp_lm.model.kernels.masks import Mask
+from ecp_lm.model.rope import RotaryEmbedding
+from ecp_lm.model.rows import Rows
+
+# A band rule (period, shift, back): in one layer, query position t sees keys lo(t) .. t with
+# lo(t) = max(0, floor((t + shift) / period) * period - shift - back) (native.py).
+BandRule = tuple[int, int, int]
+
+
+def triangle(n: int) -> int:
+    """Entries of an n×n causal block, diagonal included."""
+    return n * (n + 1) // 2
+
+
+def block_costs(n: int, first: int, block: int) -> tuple[int, int]:
+    """(entries, tile_entries) of causal attention within consecutive blocks of n positions: a
+    first block of ``first`` positions, then blocks of ``block``, the last one possibly shorter.
+    Entries count each block's causal triangle; tiles its whole square."""
+    sizes = [min(first, n)] + [min(block, n - start) for start in range(first, n, block)]
+    return sum(triangle(r) for r in sizes), sum(r * r for r in sizes)
+
+
+def whole_segments(length: int, segment_len: int, name: str = "seq_len=") -> int:
+    """How many segments of ``segment_len`` make up ``length`` (ValueError unless exactly):
+    the S with which ``ecp bench`` sizes an architecture; ``name`` labels the length."""
+    if length % segment_len:
+        raise ValueError(f"{name}{length} is not divisible by segment_len={segment_len}")
+    return max(1, length // segment_len)
+
+
+def band_start(rule: BandRule, t: int) -> int:
+    """lo(t) of ``rule``: the first key position query position ``t`` sees."""
+    period, shift, back = rule
+    return max(0, (t + shift) // period * period - shift - back)
+
+
+class Architecture:
+    """Base: a causal model over positions 0 .. T-1 that predicts every position."""
+
+    mask: Mask
+    kernels: ClassVar[tuple[str, ...]] = ()
+    """This architecture's own fast kernels, fastest first (besides ``reference`` and ``flex``)."""
+    flex_on_cuda: ClassVar[bool] = False
+    """Whether ``auto`` prefers FlexAttention (the predicate, compiled) on CUDA when there is no
+    dropout, before the architecture's own kernels."""
+    size_fields: ClassVar[tuple[str, ...]] = ()
+    """The ModelConfig fields that size this pattern (shown by ``ecp complexity``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg.resolved()  # every size concrete: the pattern reads them directly
+        self.segment_len = self.cfg.segment_len  # read once: derived per architecture
+
+    # Configuration --------------------------------------------------------------------------
+    @classmethod
+    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+        """The values of this architecture's own size fields when the config leaves them unset
+        (``ModelConfig.resolved``), derived from the others; ValueError when they cannot be."""
+        return {}
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        """Check this architecture's own fields on the resolved config (ValueError). Called by
+        ``ModelConfig`` after the shared fields are checked."""
+        choices = ("auto", "reference", "flex", *cls.kernels)
+        if cfg.attn_impl not in choices:
+            raise ValueError(f"arch={cfg.arch!r} has no attn_impl={cfg.attn_impl!r} kernel; "
+                             f"its kernels: {', '.join(choices)}")
+
+    @classmethod
+    def segment_length(cls, cfg: ModelConfig) -> int:
+        """``ModelConfig.segment_len``: m = N / S, the segment of ecp and the group of s2."""
+        return cfg.seq_len // cfg.num_segments
+
+    @classmethod
+    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
+        """The ModelConfig fields that size this pattern in ``ecp bench`` at window N =
+        ``seq_len`` with segments of ``segment_len``."""
+        return {"num_segments": max(1, seq_len // segment_len)}
+
+    # Shape of the computation -----------------------------------------------------------------
+    @property
+    def max_len(self) -> int | None:
+        """Longest accepted input (None: unbounded)."""
+        return self.cfg.seq_len
+
+    @property
+    def cache_capacity(self) -> int | None:
+        """Slots of a per-layer KV cache that makes decoding exact (None: no cache; decoding
+        recomputes the window)."""
+        return None
+
+    def check_length(self, t: int) -> None:
+        limit = self.max_len
+        if t < 1 or (limit is not None and t > limit):
+            bound = "" if limit is None else f"..{limit}"
+            raise ValueError(f"input length {t} is outside 1{bound} accepted by "
+                             f"arch={self.cfg.arch!r} (seq_len={self.cfg.seq_len})")
+
+    def check_start_pos(self, start_pos: int) -> None:
+        """Refuses an absolute offset at which this architecture's function is not defined. Here
+        positions belong to the window, which starts at 0."""
+        if start_pos != 0:
+            raise ValueError(f"start_pos={start_pos}: arch={self.cfg.arch!r} numbers positions "
+                             "within its window, so a window starts at position 0")
+
+    @property
+    def halo_len(self) -> int | None:
+        """Context parallelism: the rows of keys and values a shard needs from the shard before
+        it in every layer (model/context_parallel.py); None where attention reaches back without
+        bound, so there is no halo form."""
+        return None
+
+    def check_context(self, t: int, k: int) -> None:
+        """Refuses to split a window of ``t`` positions into ``k`` context-parallel shards where
+        the shards would not compute this architecture's function (ValueError)."""
+        if k > 1 and self.halo_len is None:
+            raise ValueError(f"arch={self.cfg.arch!r} has no context-parallel form: its "
+                             "attention reaches back without bound, so a shard would need every "
+                             "earlier shard's keys (context_parallel works for ecp, "
+                             "sliding_window, block_local and s2)")
+
+    def input_rows(self, t: int, start_pos: int = 0) -> Rows:
+        """The positions held by the rows of an input of length ``t`` whose first token is at
+        ``start_pos`` (a cached decode step may continue at any position)."""
+        return Rows.span(start_pos, start_pos + t)
+
+    def context_start(self, length: int) -> int:
+        """First index of a sequence of ``length`` tokens that the prediction after its last
+        token needs: here the last window of N tokens."""
+        return max(0, length - self.cfg.seq_len)
+
+    def num_predicted(self, t: int) -> int:
+        """How many trailing positions of an input of length ``t`` are predicted."""
+        return t
+
+    def num_queries(self, layer: int, rows: Rows, n_predicted: int) -> int:
+        """Rows producing queries in ``layer``: all of them, except in the last layer, where only
+        the predicted rows are read afterwards."""
+        return n_predicted if layer == self.cfg.n_layers - 1 else len(rows)
+
+    def make_block(self, layer: int, rope: RotaryEmbedding | None) -> Block:
+        return Block(self.cfg, self, rope)
+
+    # Cost -----------------------------------------------------------------------------------------
+    def layer_cost(self, layer: int) -> tuple[int | float, int | float]:
+        """(entries, tile_entries) of ``layer`` over a full window (T = N), per head (the mean
+        over heads where the mask differs between them): the (query, key) pairs the mask allows
+        over the rows the layer queries, and the research's block-tile convention, where each
+        query block is scored against its whole key block (complexity.py)."""
+        raise NotImplementedError
+
+    # Kernels --------------------------------------------------------------------------------------
+    def kernel_for(self, impl: str, q: Tensor, dropout_p: float, needs_backward: bool) -> str:
+        """The kernel that runs a call: ``impl`` itself, or for ``auto`` the first of this
+        architecture's kernels that can. ValueError if an explicit choice cannot run it."""
+        if impl == "auto":
+            if q.is_cuda and self.flex_on_cuda and dropout_p == 0.0:
+                return "flex"
+            for kernel in self.kernels:
+                if self.kernel_problem(kernel, q, dropout_p, needs_backward) is None:
+                    return kernel
+            return "reference"
+        problem = self.kernel_problem(impl, q, dropout_p, needs_backward)
+        if problem is not None:
+            raise ValueError(f"attn_impl={impl!r} cannot run this call: {problem}")
+        return impl
+
+    def kernel_problem(self, kernel: str, q: Tensor, dropout_p: float,
+                       needs_backward: bool) -> str | None:
+        """Why ``kernel`` cannot run this call (None: it can)."""
+        if kernel == "reference":
+            return None
+        if kernel == "flex":
+            if dropout_p > 0.0:
+                return "FlexAttention has no dropout (dropout > 0 in training)"
+            if needs_backward and not q.is_cuda:
+                return f"FlexAttention has no backward on {q.device.type} (training needs CUDA)"
+            if q.device.type == "cpu" and not flex.compiles_on_cpu():
+                return "torch compiles FlexAttention for x86 CPUs with AVX2 only, not this one"
+            return None
+        if kernel not in self.kernels:
+            return f"arch={self.cfg.arch!r} has no {kernel!r} kernel"
+        if kernel == "native":
+            if q.device.type != "cpu":
+                return f"the native kernel runs on CPU, not {q.device.type}"
+            if dropout_p > 0.0:
+                return "the native kernel has no dropout (dropout > 0 in training)"
+            if q.dtype not in native.DTYPES:
+                return (f"the native kernel computes in float32 or float64 (bfloat16 widened to "
+                        f"float32), not {q.dtype}")
+            if not native.load():
+                return "the native kernel could not be built (see the warning above)"
+        return None
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        """Run ``kernel``, one of ``kernels``, exact for ``mask`` (q: the last rows of
+        ``rows``)."""
+        raise NotImplementedError
+
+    def flex_bands(self, n_heads: int) -> flex.Bands | None:
+        """The block structure FlexAttention's block mask is built from; None: from the
+        predicate, evaluated block row by block row (flex.py)."""
+        return None
+
+
+class PerceiverFamily(Architecture):
+    """Windows of N = h + l positions; an input of length T < N is right-aligned: its tokens take
+    positions N - T .. N - 1 and the left padding is dropped (it is never a key, SPEC §4). The
+    last min(l, T) positions are predicted."""
+
+    size_fields = ("latent_len",)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
+        n = cfg.seq_len
+        if not 1 <= cfg.latent_len <= n - 1:
+            raise ValueError(f"latent_len={cfg.latent_len} is not in 1..seq_len-1={n - 1}")
+
+    def input_rows(self, t: int, start_pos: int = 0) -> Rows:
+        n, h = self.cfg.seq_len, self.cfg.history_len
+        start = n - t
+        return Rows(range(min(start, h), h), range(max(start, h), n))
+
+    def num_predicted(self, t: int) -> int:
+        return min(self.cfg.latent_len, t)
+
+
+class BandArchitecture(Architecture):
+    """Patterns in which each query sees a band of keys ending at itself, ``lo(q) .. q``, given
+    per head by band rules, and the pattern repeats every ``period`` positions (ecp and the
+    local baselines). They accept any input length T >= 1 (the mask does not depend on N),
+    every position is trained, and:
+
+    - a window may start at any multiple of the period (``start_pos``);
+    - a decoding cache of max(q - lo(q) + 1) slots, a ring, is exact in constant memory;
+    - through L layers the prediction after position p needs the tokens from lo^L(p) on, so
+      uncached generation reads only those (rounded down to the period, to keep the pattern
+      aligned);
+    - on CPU the native band kernel runs them.
+    """
+
+    flex_on_cuda = True
+    period_name: ClassVar[str] = "period"
+    """The config's name for ``period``, in messages."""
+
+    def band_rules(self) -> list[tuple[slice, BandRule]]:
+        """(heads, rule) pairs covering every head."""
+        raise NotImplementedError
+
+    @property
+    def period(self) -> int:
+        """The pattern is unchanged when every position moves by a multiple of this."""
+        raise NotImplementedError
+
+    @property
+    def max_len(self) -> int | None:
+        return None
+
+    @property
+    def cache_capacity(self) -> int:
+        # For a rule, q - lo(q) + 1 is largest just before lo(q) moves on: period + back.
+        return max(rule[0] + rule[2] for _, rule in self.band_rules())
+
+    def flex_bands(self, n_heads: int) -> flex.Bands:
+        rules = [None] * n_heads
+        for heads, rule in self.band_rules():
+            for head in range(n_heads)[heads]:
+                rules[head] = rule
+        return flex.Bands(tuple(rules), self.period)
+
+    def reach(self, t: int) -> int:
+        """The first position any head of query position ``t`` sees, in one layer."""
+        return min(band_start(rule, t) for _, rule in self.band_rules())
+
+    @property
+    def halo_len(self) -> int:
+        # lo(t) only grows with t, so a shard's first query reaches back furthest; rounded up to
+        # the period so that the keys, halo included, start where the pattern starts.
+        start = self.period * (2 + self.cache_capacity // self.period)
+        reach = start - self.reach(start)
+        return -(-reach // self.period) * self.period
+
+    def check_context(self, t: int, k: int) -> None:
+        if k == 1:
+            return
+        period, halo = self.period, self.halo_len
+        if t % (k * period):
+            raise ValueError(f"T={t} is not a multiple of K*{self.period_name}={k * period} "
+                             f"(K={k} context-parallel shards of whole periods of "
+                             f"{self.period_text()})")
+        if t // k < halo:
+            raise ValueError(f"T={t} in K={k} shards of {t // k} positions: arch="
+                             f"{self.cfg.arch!r} needs the last {halo} positions before a shard, "
+                             "more than the shard before it holds")
+
+    def check_start_pos(self, start_pos: int) -> None:
+        if start_pos < 0 or start_pos % self.period:
+            raise ValueError(f"start_pos={start_pos} is not a non-negative multiple of "
+                             f"{self.period_text()}")
+
+    def period_text(self) -> str:
+        return f"{self.period} (arch={self.cfg.arch!r} repeats its pattern every {self.period} " \
+               "positions from position 0)"
+
+    def context_start(self, length: int) -> int:
+        start = length - 1  # the position whose output predicts the next token
+        for _ in range(self.cfg.n_layers):
+            start = self.reach(start)
+        return start - start % self.period
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        # The kernels take queries and keys at the same rows, cut into the pattern from the first
+        # row: exact when that row starts a period. Keys before the first query (a context-
+        # parallel halo) get zero queries, whose outputs are dropped: they add no gradient.
+        assert rows.main.start % self.period == 0 and k.size(-2) == len(rows)
+        halo = k.size(-2) - q.size(-2)
+        if halo:
+            q = torch.nn.functional.pad(q, (0, 0, halo, 0))
+        if kernel == "native":
+            out = self.per_head_rule(native.band_attention, q, k, v)
+        else:
+            out = self.attend_portable(q, k, v, dropout_p, kernel)
+        return out[:, :, halo:] if halo else out
+
+    def per_head_rule(self, fn: Callable[[Tensor, Tensor, Tensor, BandRule], Tensor], q: Tensor,
+                      k: Tensor, v: Tensor) -> Tensor:
+        """``fn(q, k, v, rule)`` on each group of heads that shares a band rule, concatenated."""
+        parts = self.band_rules()
+        if len(parts) == 1:
+            return fn(q, k, v, parts[0][1])
+        return torch.cat([fn(q[:, heads], k[:, heads], v[:, heads], rule)
+                          for heads, rule in parts], dim=1)
+
+    def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
+                        kernel: str) -> Tensor:
+        """The kernels other than ``native``."""
+        raise NotImplementedError
+
+
+class SegmentedBand(BandArchitecture):
+    """A band pattern built on segments (or groups) of m = N / S aligned to position 0, which
+    repeats every m positions: N must be a multiple of S (ecp, s2)."""
+
+    size_fields = ("num_segments",)
+
+    @classmethod
+    def check(cls, cfg: ModelConfig) -> None:
+        super().check(cfg)
+        if cfg.seq_len % cfg.num_segments:
+            raise ValueError(
+                f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
+
+    @classmethod
+    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
+        return {"num_segments": whole_segments(seq_len, segment_len)}
+
+    period_name = "segment_len"
+
+    @property
+    def period(self) -> int:
+        return self.segment_len
+
+    def period_text(self) -> str:
+        return (f"segment_len={self.period} (arch={self.cfg.arch!r} aligns its segments to "
+                "position 0)")
+
+
+class WindowedBand(BandArchitecture):
+    """A band pattern sized by ``window`` (sliding_window, block_local), whose default is set from
+    ECP's segments of m = N / S (``default_window``)."""
+
+    size_fields = ("window",)
+
+    @classmethod
+    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+        if cfg.window is not None:
+            return {}
+        if cfg.seq_len % cfg.num_segments:
+            raise ValueError(f"the default window of arch={cfg.arch!r} is set from segments "
+                             f"of seq_len/num_segments, but seq_len={cfg.seq_len} is not "
+                             f"divisible by num_segments={cfg.num_segments}; set window")
+        return {"window": cls.default_window(cfg.seq_len, cfg.num_segments)}
+
+    @classmethod
+    def default_window(cls, seq_len: int, num_segments: int) -> int:
+        """The window when the config sets none (N divisible by S)."""
+        raise NotImplementedError

@@ -1,0 +1,27 @@
+"""Full causal attention: the quality and speed baseline (SPEC §3 ``transformer``)."""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from ecp_lm.model.archs.base import Architecture, triangle
+from ecp_lm.model.kernels.masks import CausalMask
+from ecp_lm.model.kernels.sdpa import causal_attention
+from ecp_lm.model.rows import Rows
+
+
+class Transformer(Architecture):
+    mask = CausalMask()
+    kernels = ("flash",)
+
+    @property
+    def cache_capacity(self) -> int:
+        return self.cfg.seq_len
+
+    def layer_cost(self, layer: int) -> tuple[int, int]:
+        n = self.cfg.seq_len
+        return triangle(n), n * n
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        return causal_attention(q, k, v, dropout_p)

@@ -1,0 +1,1 @@
+"""A run on disk: its configuration (``RunConfig``), its checkpoints and its folder."""

@@ -1,0 +1,276 @@
+"""A training run's folder: ``config.yaml``, ``metrics.jsonl``, ``latest/`` and ``best/``.
+
+What may be started and what resumed, and how the folder is made consistent again after a crash:
+- ``ecp train`` writes only into a folder that is missing, empty or recognisably a run folder:
+  marked as one (``outputs.MARKER``, written first), or, from an earlier release, holding a
+  ``latest/`` checkpoint or the ``config.yaml`` and ``metrics.jsonl`` of a run killed before its
+  first checkpoint and nothing else. Any other folder is refused before anything is written;
+- one writer at a time: the folder is locked while a run writes it (``run_lock``, an advisory
+  lock that dies with its holder; under torchrun rank 0 holds it for the job), and a second run
+  is refused with the holder's pid;
+- a folder holds a run once it has a ``latest/`` checkpoint. Without one (a run killed before its
+  first checkpoint, or an interrupted demo) there is nothing to keep: it can be started again or
+  resumed, and both start at step 0; ``force`` starts a run folder over, removing only what a run
+  writes;
+- resuming restores ``latest/`` and cuts ``metrics.jsonl`` back to its last complete line and to
+  the checkpoint's step, so a half-written line or records of steps the checkpoint does not hold
+  (they will be run and logged again) never remain; ``best/`` is made to hold the best step of
+  the resumed trajectory (``reconcile_best``), never a step past ``latest/``;
+- ``config.yaml`` is replaced atomically, and ``metrics.jsonl`` is cut through an atomic rewrite.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.fsutil import (
+    LockHeldError,
+    current_version,
+    remove_directory,
+    try_locked,
+    write_bytes_atomic,
+)
+from ecp_lm.outputs import MARKER, check_folder, claim_folder, folder_kind
+from ecp_lm.run.checkpoint import (
+    Checkpoint,
+    copy_checkpoint,
+    is_checkpoint_folder,
+    read_checkpoint,
+)
+from ecp_lm.run.config import RunConfig
+
+CONFIG, METRICS, KIND, LOCK = "config.yaml", "metrics.jsonl", "run", ".ecp-lm.lock"
+CHECKPOINTS = ("latest", "best")
+WRITTEN = {CONFIG, METRICS, "tensorboard", *CHECKPOINTS, MARKER, LOCK}
+"""What a run writes into its folder (besides the dot-named versions of these)."""
+
+
+def is_legacy_run(path: Path) -> bool:
+    """A run folder an earlier release wrote (no marker): one with a ``latest/`` checkpoint, or
+    one killed before its first checkpoint that holds only what a run writes, a readable
+    ``config.yaml`` and ``metrics.jsonl`` among them."""
+    if is_checkpoint_folder(current_version(path / "latest")):
+        return True
+    names = {e.name for e in path.iterdir()}
+    if not {CONFIG, METRICS} <= names or any(n not in WRITTEN and not _versioned(n)
+                                             for n in names):
+        return False
+    if any((path / n).exists() and not is_checkpoint_folder(current_version(path / n))
+           for n in CHECKPOINTS):
+        return False
+    try:
+        RunConfig.load(str(path / CONFIG))
+    except (ValueError, OSError):
+        return False
+    return True
+
+
+def holds_runs(path: Path, depth: int = 4) -> bool:
+    """Whether a run folder (marked, or of an earlier release) lies within ``depth`` levels
+    below ``path``: how the demo's and the experiments' folders of earlier releases, which had
+    no marker, are recognised."""
+    for entry in Path(path).iterdir():
+        if not entry.is_dir() or entry.is_symlink() or entry.name.startswith("."):
+            continue
+        if folder_kind(entry) == KIND or is_legacy_run(entry) or (
+                depth > 1 and holds_runs(entry, depth - 1)):
+            return True
+    return False
+
+
+def _versioned(name: str) -> bool:
+    """A dot-named sibling of something a run writes (``.latest.v-…``, ``.config.yaml.tmp-…``)."""
+    return any(name.startswith(f".{w}.") for w in WRITTEN)
+
+
+@contextmanager
+def run_lock(out_dir: Path, enabled: bool = True) -> Iterator[None]:
+    """Hold the run folder's lock while a run writes it (creating the folder, after
+    ``check_run_output``); ValueError naming the holder's pid if another process holds it."""
+    if not enabled:
+        yield
+        return
+    check_run_output(out_dir)
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        with try_locked(out_dir / LOCK):
+            claim_folder(out_dir, KIND)
+            yield
+    except LockHeldError as held:
+        holder = f"pid {held.pid}" if held.pid is not None else "another process"
+        raise ValueError(f"{out_dir} is being written by another ecp train ({holder}); wait "
+                         f"for it to finish or choose another --out") from None
+    except BaseException:
+        written = [e.name for e in out_dir.iterdir() if e.name != MARKER]
+        if created and not written:  # refused or failed before it wrote anything
+            with suppress(OSError):
+                (out_dir / MARKER).unlink()
+                out_dir.rmdir()
+        raise
+
+
+def check_run_output(out_dir: Path) -> None:
+    """``--out`` is missing, empty or a run folder (nothing else is ever written into)."""
+    check_folder(out_dir, KIND, "--out", is_legacy_run)
+
+
+def check_run_folder(cfg: RunConfig, out_dir: Path, resume: bool,
+                     force: bool = False) -> Checkpoint | None:
+    """The checkpoint to resume from, or None to start at step 0. Refuses a folder that is not
+    a run folder, to overwrite a run that has a checkpoint (unless ``force``), and to resume
+    with another model or data config."""
+    check_run_output(out_dir)
+    if force and resume:
+        raise ValueError("--force starts the run in --out over; it cannot be combined with "
+                         "--resume")
+    latest = out_dir / "latest"
+    if not resume:
+        if has_checkpoint(out_dir) and not force:
+            step = read_checkpoint(latest).meta.get("step")
+            raise ValueError(f"{out_dir} already holds a run (checkpoint at step {step}); pass "
+                             f"--resume to continue it, --force to start it over, or choose "
+                             f"another --out")
+        return None
+    if has_checkpoint(out_dir):
+        ckpt = read_checkpoint(latest)
+        _check_unchanged(ckpt.config, cfg, out_dir)
+        return ckpt
+    if not (out_dir / CONFIG).is_file():
+        raise ValueError(f"--resume: {out_dir} holds no run to resume (no latest/ checkpoint "
+                         f"and no {CONFIG})")
+    _check_unchanged(RunConfig.load(str(out_dir / CONFIG)), cfg, out_dir)
+    return None  # killed before its first checkpoint: start again
+
+
+def has_checkpoint(out_dir: Path) -> bool:
+    """Whether the run folder holds a ``latest/`` checkpoint (also while a kill left only the
+    version folder it names)."""
+    return current_version(out_dir / "latest").exists()
+
+
+def with_resolved_paths(cfg: RunConfig) -> RunConfig:
+    """``cfg`` with its data paths (``data.path``, ``data.cache_dir``, a tokenizer file) made
+    absolute, as a run stores them: ``ecp eval`` of the run then works from any folder."""
+    data = cfg.data
+    changes = {name: str(Path(value).resolve()) for name, value in (
+        ("path", data.path), ("cache_dir", data.cache_dir),
+        ("tokenizer", data.tokenizer if data.tokenizer not in ("bytes", "bpe") else None))
+        if value is not None}
+    if all(changes[k] == getattr(data, k) for k in changes):
+        return cfg
+    return dataclasses.replace(cfg, data=dataclasses.replace(data, **changes))
+
+
+def _check_unchanged(old: RunConfig, new: RunConfig, out_dir: Path) -> None:
+    old = with_resolved_paths(old)  # a run of an earlier release may hold relative paths
+    for section in ("model", "data"):
+        before, after = getattr(old, section), getattr(new, section)
+        if section == "model":  # sizes an earlier release wrote out equal the derived ones
+            before, after = before.resolved(), after.resolved()
+        if before != after:
+            changed = [k for k in before.__dict__ if getattr(before, k) != getattr(after, k)]
+            raise ValueError(f"--resume with a changed {section} config ({', '.join(changed)}); "
+                             f"the run in {out_dir} was trained with another one")
+
+
+def prepare_run_folder(cfg: RunConfig, out_dir: Path, step: int, force: bool = False) -> None:
+    """Make the folder consistent with a run that continues after ``step`` (0: a new start;
+    with ``force``, what an earlier run wrote is removed first: only that)."""
+    claim_folder(out_dir, KIND)
+    if force:
+        remove_directory(out_dir / "latest", is_checkpoint_folder)
+        shutil.rmtree(out_dir / "tensorboard", ignore_errors=True)
+        (out_dir / METRICS).unlink(missing_ok=True)
+    write_bytes_atomic(out_dir / CONFIG, cfg.to_yaml().encode())
+    cut_metrics(out_dir / METRICS, step)
+    if step == 0:  # a best/ without latest/ is from an attempt that did not reach a checkpoint
+        remove_directory(out_dir / "best", is_checkpoint_folder)
+
+
+def reconcile_best(out_dir: Path, state: dict[str, Any], is_main: bool) -> None:
+    """Make ``best/`` hold the best step of the trajectory resumed from ``latest/`` at
+    ``state["step"]`` (``state["best_step"]``, recorded since this release with every best).
+    Every new best is written to ``latest/`` first, then ``best/``, so a kill between the two
+    leaves ``best/`` behind; it is completed from ``latest/``. A ``best/`` from a step past
+    ``latest/`` (a kill in an earlier release, which wrote ``best/`` alone) is not of this
+    trajectory: it is removed, and since it replaced the trajectory's own best, the next
+    validation starts the selection again. Every rank calls it (the state must agree); the
+    main one writes."""
+    step, best_step = state["step"], state.get("best_step", "unknown")
+    best = out_dir / "best"
+    found = _step_of(best)
+    if found is not None and found == best_step:
+        return
+    if best_step == step:  # the best is latest/'s own step: killed before best/ was written
+        if is_main:
+            copy_checkpoint(out_dir / "latest", best, kind="best")
+        return
+    if found is not None and found > step:
+        if is_main:
+            remove_directory(best, is_checkpoint_folder)
+        # the best of this trajectory was overwritten: the selection starts again
+        state["best_val_loss"], state["best_step"] = math.inf, None
+
+
+def _step_of(path: Path) -> int | None:
+    """The step of the checkpoint at ``path``, or None if there is none."""
+    try:
+        return read_checkpoint(path).meta.get("step") if is_checkpoint_folder(
+            current_version(path)) else None
+    except ValueError:
+        return None
+
+
+def cut_metrics(path: Path, step: int) -> None:
+    """Keep the complete records of steps up to ``step``; drop a trailing half line, any line
+    that is not JSON, and records of later steps."""
+    if not path.exists():
+        return
+    lines = path.read_bytes().split(b"\n")[:-1]  # what follows the last line end is incomplete
+    keep = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("step"), int) \
+                and record["step"] > step:
+            continue
+        keep.append(line + b"\n")
+    write_bytes_atomic(path, b"".join(keep))
+
+
+class Metrics:
+    """Appends JSON lines to metrics.jsonl (rank 0 only), and to TensorBoard when installed."""
+
+    def __init__(self, path: Path, enabled: bool):
+        self.path, self.enabled, self.board = path, enabled, None
+        if enabled:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.board = SummaryWriter(path.parent / "tensorboard")
+            except ImportError:
+                pass
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.board is not None:
+            for key, value in record.items():
+                if isinstance(value, float) and key not in ("step", "tokens"):
+                    self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
+
+    def close(self) -> None:
+        if self.board is not None:
+            self.board.close()

@@ -1,0 +1,1 @@
+"""Training: the loop (resumable, DDP/FSDP/context parallel), its tasks and their batches."""

@@ -1,0 +1,435 @@
+"""Training: AdamW, warm-up + cosine or step-halving, gradient accumulation, validation-based
+checkpoint selection, exact resume, and data parallelism on PyTorch's own engine.
+
+``train(cfg, out_dir)`` runs in one process, or in each of ``torchrun``'s processes (DDP with
+gloo on CPU or nccl on CUDA, or FSDP ``fully_shard``), every rank on its own data shard with its
+own dropout masks and only rank 0 writing. ``out_dir`` receives ``config.yaml``,
+``metrics.jsonl``, ``latest/`` (every ``checkpoint_every`` steps, at the end, and when
+interrupted) and ``best/`` (lowest validation loss; the test split is never used here). Resuming
+restores weights, optimizer, every rank's RNG states and the step; batches are a pure function
+of the step, so N steps equal N/2 + resume + N/2 exactly. SIGINT and SIGTERM are honoured between
+steps (``interrupts``), so an interrupted run resumes exactly too.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+
+from ecp_lm import progress as progress_output
+from ecp_lm.interrupts import Interrupted, StopRequest
+from ecp_lm.model import LanguageModel, build_model
+from ecp_lm.model.archs import architecture
+from ecp_lm.model.context_parallel import ContextGroup, average_gradients
+from ecp_lm.run.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save_checkpoint
+from ecp_lm.run.config import RunConfig, TrainConfig
+from ecp_lm.run.folder import (
+    METRICS,
+    Metrics,
+    check_run_folder,
+    has_checkpoint,
+    prepare_run_folder,
+    reconcile_best,
+    run_lock,
+    with_resolved_paths,
+)
+from ecp_lm.runtime import autocast, resolve_device, resolve_precision
+from ecp_lm.train.tasks import Dist, make_task
+
+
+class TrainingDivergedError(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+@dataclass
+class TrainResult:
+    model: LanguageModel
+    step: int
+    """The step the run is at now."""
+    tokens_seen: int
+    best_val_loss: float
+    out_dir: Path
+    steps_run: int = 0
+    """Optimiser steps taken by this call."""
+    saved: bool = False
+    """Whether this call wrote ``latest/``."""
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimiser step ``step`` (0-based)."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "halving":
+        return cfg.lr * 0.5 ** ((step - cfg.warmup_steps) // cfg.halve_every
+                                if cfg.halve_every else 0)
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+def init_distributed(device: str, context_parallel: int = 1) -> Dist:
+    """Join torchrun's process group when WORLD_SIZE > 1; pick this process's device. With
+    ``context_parallel`` K > 1, lay the ranks out as a (world / K) x K mesh of data-parallel
+    groups of K ranks that share each window."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world % context_parallel:
+        raise ValueError(f"train.context_parallel={context_parallel} does not divide the world "
+                         f"size {world} (the ranks torchrun starts)")
+    resolved = resolve_device(device, "train.device")
+    if world > 1:
+        if resolved.type == "cuda":
+            # Each rank takes its GPU from LOCAL_RANK before the process group starts, so that
+            # NCCL binds this rank's communicators to its own device (not all to cuda:0).
+            if resolved.index is None:
+                resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
+            torch.cuda.set_device(resolved)
+        if not torch.distributed.is_initialized():
+            if resolved.type == "cuda":
+                torch.distributed.init_process_group("nccl", device_id=resolved)
+            else:
+                torch.distributed.init_process_group("gloo")
+    context = None
+    if context_parallel > 1:
+        mesh = init_device_mesh(resolved.type, (world // context_parallel, context_parallel),
+                                mesh_dim_names=("data", "context"))
+        context = ContextGroup.of(mesh.get_group("context"))
+    return Dist(int(os.environ.get("RANK", "0")), world, resolved, context)
+
+
+def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
+    """DDP or FSDP across ranks; compiled across ranks with ``compile`` (on one process the
+    whole loss is compiled instead: ``_Loop.loss_sum``).
+
+    With context parallelism the model is not wrapped: its gradients are averaged over every
+    rank after the backward pass (``_Loop.step``), not by DDP during it. The backward pass
+    itself communicates: each layer's halo exchange returns gradients to the previous rank of
+    the context group (send/recv on that group's communicator), in the order autograd runs the
+    layers, which is the same on every rank (every rank runs the same graph). DDP would launch
+    its bucket all-reduces (on the world's communicator) from autograd hooks whenever a bucket
+    fills, in between those sends and receives; NCCL needs every rank to issue operations on
+    different communicators in one order, and where a bucket boundary falls relative to a halo
+    is an implementation detail of DDP's bucketing, not something the ranks agree on. After the
+    backward, every halo exchange of the step has been issued on every rank, and the gradient
+    all-reduces follow in parameter order: one order everywhere, by construction (tested with
+    gloo: every rank issues the same sequence of operations, and no all-reduce comes between a
+    step's first and last halo exchange)."""
+    if dist.context is not None:
+        return model
+    if cfg.fsdp and dist.world_size > 1:
+        from torch.distributed.fsdp import fully_shard
+
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+    elif dist.world_size > 1:
+        ids = [dist.device.index] if dist.device.type == "cuda" else None
+        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
+    return torch.compile(model) if cfg.compile and dist.world_size > 1 else model
+
+
+def _rank_seed(seed: int, rank: int) -> int:
+    """Rank 0 keeps the run's seed; every other rank draws its dropout masks from its own."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
+
+
+def _rng_state(dist: Dist) -> dict[str, Any]:
+    cuda = torch.cuda.get_rng_state(dist.device) if dist.device.type == "cuda" else None
+    return {"cpu": torch.get_rng_state(), "cuda": cuda}
+
+
+def _restore_rng(trainer: dict[str, Any], dist: Dist, seed: int) -> None:
+    """This rank's RNG states from the checkpoint (saved for every rank); a run resumed on
+    another number of ranks reseeds each rank from (seed, rank, step) instead."""
+    states = trainer.get("rng")
+    if states is None and dist.world_size == 1:  # a checkpoint of ecp-lm 0.1.0
+        states = [{"cpu": trainer["rng_cpu"], "cuda": None}]
+    if states is None or len(states) != dist.world_size:
+        torch.manual_seed(_rank_seed(seed * 1_000_003 + trainer["step"], dist.rank))
+        return
+    torch.set_rng_state(states[dist.rank]["cpu"])
+    if dist.device.type == "cuda" and states[dist.rank]["cuda"] is not None:
+        torch.cuda.set_rng_state(states[dist.rank]["cuda"], dist.device)
+
+
+def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
+          stop_at: int | None = None, force: bool = False) -> TrainResult:
+    """Train ``cfg`` into ``out_dir``; ``stop_at`` stops after that step as an interruption would
+    (a checkpoint is written and the run can be resumed; ``stop_at=0`` writes the initial one);
+    ``force`` starts a run folder that holds a run over. ``out_dir`` must be missing, empty or a
+    run folder, and is locked while the run writes it (``runfolder``). Raises
+    ``interrupts.Interrupted`` (a KeyboardInterrupt) when stopped by SIGINT or SIGTERM."""
+    out_dir = Path(out_dir)
+    cfg = with_resolved_paths(cfg)
+    with run_lock(out_dir, enabled=int(os.environ.get("RANK", "0")) == 0):
+        return _train(cfg, out_dir, resume, progress, stop_at, force)
+
+
+def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at: int | None,
+           force: bool) -> TrainResult:
+    tc = cfg.train
+    if stop_at is not None and not 0 <= stop_at <= tc.steps:
+        raise ValueError(f"stop_at={stop_at} is outside 0..train.steps={tc.steps}")
+    if tc.context_parallel > 1:
+        _check_context_parallel(cfg)
+    dist = init_distributed(tc.device, tc.context_parallel)
+    ckpt = check_run_folder(cfg, out_dir, resume, force)
+    start = ckpt.meta["step"] if ckpt is not None else 0
+    if stop_at is not None and stop_at < start:
+        raise ValueError(f"--stop-at {stop_at} is before step {start}, where the run in "
+                         f"{out_dir} already is")
+    dist.barrier()  # every rank has checked the folder before rank 0 writes to it
+    torch.manual_seed(tc.seed)
+    model = build_model(cfg.model)  # identical initial weights on every rank
+    model.activation_checkpointing = tc.activation_checkpointing  # before DDP/FSDP wrap it
+    torch.manual_seed(_rank_seed(tc.seed, dist.rank))
+    task = make_task(cfg, dist, progress and dist.is_main)
+    model.to(dist.device)
+    net = _wrap(model, tc, dist)
+    optimizer = torch.optim.AdamW(model.param_groups(tc.weight_decay), lr=tc.lr,
+                                  betas=(tc.beta1, tc.beta2))
+    state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf, "best_step": None}
+    if ckpt is not None:
+        state = _restore(ckpt, model, optimizer, dist, tc.seed)
+    if dist.is_main:
+        prepare_run_folder(cfg, out_dir, state["step"], force)
+    if ckpt is not None:
+        reconcile_best(out_dir, state, dist.is_main)
+    loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
+    try:
+        with StopRequest() as stop:
+            loop.run(stop_at, progress and dist.is_main, stop)
+    finally:
+        loop.metrics.close()
+    return TrainResult(model, state["step"], state["tokens_seen"], state["best_val_loss"],
+                       out_dir, state["step"] - start, loop.wrote_latest)
+
+
+def _check_context_parallel(cfg: RunConfig) -> None:
+    """What context parallelism cannot run, found before any process group is joined."""
+    tc = cfg.train
+    unsupported = [name for name in ("fsdp", "compile") if getattr(tc, name)]
+    if unsupported:
+        raise ValueError(f"train.context_parallel={tc.context_parallel} runs in eager mode with "
+                         f"replicated weights; not with train.{' or train.'.join(unsupported)}")
+    architecture(cfg.model.arch)(cfg.model).check_context(cfg.model.seq_len, tc.context_parallel)
+
+
+def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
+             seed: int) -> dict[str, Any]:
+    trainer = ckpt.trainer_state()
+    options = StateDictOptions(full_state_dict=True)
+    if trainer["optimizer"] is None:  # the initial checkpoint: no optimiser step taken yet
+        set_model_state_dict(model, ckpt.load_model().state_dict(), options=options)
+    else:
+        set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
+                       optim_state_dict=trainer["optimizer"], options=options)
+    _restore_rng(trainer, dist, seed)
+    state = {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
+    return {**state, "best_step": trainer.get("best_step", "unknown")}  # unknown: before 0.4
+
+
+class _Loop:
+    def __init__(self, cfg, task, model, net, optimizer, dist: Dist, out_dir: Path, state,
+                 ckpt: Checkpoint | None):
+        self.cfg, self.tc, self.task = cfg, cfg.train, task
+        self.model, self.net, self.optimizer, self.dist = model, net, optimizer, dist
+        # train.compile on one process: the forward, the loss and (through AOTAutograd) their
+        # backward as one graph without breaks.
+        self.loss_sum = task.loss_sum
+        if self.tc.compile and dist.world_size == 1:
+            self.loss_sum = torch.compile(task.loss_sum, fullgraph=True)
+        self.out_dir, self.state = out_dir, state
+        self.autocast = autocast(self.tc.precision, dist.device)
+        self.metrics = Metrics(out_dir / METRICS, dist.is_main)
+        self.saved_step = None if ckpt is None else state["step"]  # step held by latest/
+        self.wrote_latest = False
+        self.last_train: dict[str, Any] | None = None
+        self.last_val: float | None = None
+        self.show = False
+
+    def run(self, stop_at: int | None, show: bool, stop: StopRequest) -> None:
+        tc, state = self.tc, self.state
+        end = tc.steps if stop_at is None else min(stop_at, tc.steps)
+        self.show = show
+        tokens_per_step = self.task.tokens_per_batch * tc.grad_accum * self.dist.data_size
+        window: list[float] = []
+        window_start = time.perf_counter()
+        with progress_output.bar(total=tc.steps, initial=state["step"], enabled=show,
+                                 unit="step") as bar:
+            self.bar = bar
+            while state["step"] < end:
+                step = state["step"]
+                window.append(self.step(step))
+                state["step"] = step + 1
+                state["tokens_seen"] += tokens_per_step
+                bar.update(1)
+                if state["step"] % tc.log_every == 0 or state["step"] == end:
+                    elapsed = time.perf_counter() - window_start
+                    self._log(sum(window) / len(window),
+                              tokens_per_step * len(window) / max(elapsed, 1e-9), step)
+                    window, window_start = [], time.perf_counter()
+                if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
+                    self.validate()
+                if (state["step"] % tc.checkpoint_every == 0 or state["step"] == end) \
+                        and self.saved_step != state["step"]:
+                    self.save()
+                if self._stop_agreed(stop):
+                    if self.saved_step != state["step"]:
+                        self.save()
+                    raise Interrupted(stop.signum or 2, state["step"])
+        if self.saved_step != state["step"]:  # e.g. stop_at=0: the initial checkpoint
+            self.save()
+
+    def _stop_agreed(self, stop: StopRequest) -> bool:
+        """Whether any rank was asked to stop: all ranks stop after the same step."""
+        if self.dist.world_size == 1:
+            return stop.requested
+        flag = torch.tensor([float(stop.requested)], device=self.dist.device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _grad_sync(self, sync: bool) -> AbstractContextManager:
+        """Gradients are reduced across ranks only after the last micro-batch of a step."""
+        if hasattr(self.model, "set_requires_gradient_sync"):  # FSDP
+            self.model.set_requires_gradient_sync(sync)
+            return nullcontext()
+        if sync or not hasattr(self.net, "no_sync"):
+            return nullcontext()
+        return self.net.no_sync()  # DDP
+
+    def step(self, step: int) -> float:
+        """One optimiser step over ``grad_accum`` micro-batches; returns the mean loss."""
+        tc, task = self.tc, self.task
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr_at(step, tc)
+        batches = [_to(task.batch(step * tc.grad_accum + i), self.dist.device)
+                   for i in range(tc.grad_accum)]
+        total = sum(task.targets_per_batch(b) for b in batches)  # token-weighted mean
+        loss_sum = torch.zeros((), device=self.dist.device)
+        for i, batch in enumerate(batches):
+            with self._grad_sync(i == len(batches) - 1), self.autocast:
+                loss = self.loss_sum(self.net, batch) / total
+            loss.backward()
+            loss_sum += loss.detach()
+        if self.dist.context is not None:  # after the backward, never inside it: see _wrap
+            average_gradients(self.model)
+        if self.dist.world_size > 1:
+            torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
+        value = loss_sum.item()
+        if not math.isfinite(value):
+            kept = (f"the last good checkpoint (step {self.saved_step}) in {self.out_dir} is "
+                    f"kept" if self.saved_step is not None else "no checkpoint had been written")
+            raise TrainingDivergedError(f"loss is {value} at step {step + 1}; stopped without "
+                                        f"writing, {kept}")
+        if tc.grad_clip > 0:
+            nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return value
+
+    def _log(self, loss: float, tokens_per_s: float, step: int) -> None:
+        record = {"kind": "train", "step": self.state["step"], "tokens": self.state["tokens_seen"],
+                  "loss": loss, "lr": lr_at(step, self.tc), "tokens_per_s": tokens_per_s}
+        self.metrics.write(record)
+        self.last_train = record
+        self.bar.set_postfix(self._postfix(), refresh=False)
+
+    def _postfix(self) -> dict[str, str]:
+        shown = {}
+        if self.last_train is not None:
+            shown["loss"] = f"{self.last_train['loss']:.3f}"
+            shown["tok_s"] = f"{self.last_train['tokens_per_s']:.0f}"
+        if self.last_val is not None:
+            shown["val"] = f"{self.last_val:.3f}"
+        return shown
+
+    def validate(self) -> None:
+        start = time.perf_counter()
+        report = self.task.validate(self.model, self.dist, self.autocast)
+        record = {"kind": "valid", "step": self.state["step"],
+                  "tokens": self.state["tokens_seen"], **report,
+                  "elapsed_s": time.perf_counter() - start}
+        self.metrics.write(record)
+        self.last_val = report["loss"]
+        if report["loss"] < self.state["best_val_loss"]:
+            self.state["best_val_loss"], self.state["best_step"] = report["loss"], \
+                self.state["step"]
+            # latest/ first, best/ from it: best/ never holds a step latest/ does not
+            # (runfolder.reconcile_best completes best/ after a kill between the two)
+            self.save(val=report)
+            if self.dist.is_main:
+                copy_checkpoint(self.out_dir / "latest", self.out_dir / "best", kind="best")
+        self.bar.set_postfix(self._postfix(), refresh=False)
+        progress_output.note(self._validation_line(report), self.show)
+
+    def _validation_line(self, report: dict[str, Any]) -> str:
+        parts = [f"step {self.state['step']}/{self.tc.steps}"]
+        if self.last_train is not None:
+            parts.append(f"train loss {self.last_train['loss']:.4f}")
+        parts += [f"valid {key.replace('_', ' ')} {report[key]:.4f}"
+                  for key in ("loss", "bits_per_byte", "accuracy") if key in report]
+        if report["loss"] <= self.state["best_val_loss"]:
+            parts.append("(best so far)")
+        return "  ".join(parts)
+
+    def save(self, val: dict | None = None) -> None:
+        """Write ``latest/`` (with the validation ``val`` of this step, if any): every rank
+        gathers the full state and its RNG states (collectives); rank 0 writes."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        if self.state["step"] == 0:  # get_state_dict would give AdamW a state (a zero step)
+            model_state, optim_state = get_model_state_dict(self.model, options=options), None
+        else:
+            model_state, optim_state = get_state_dict(self.model, self.optimizer,
+                                                      options=options)
+        rng = [_rng_state(self.dist)]
+        if self.dist.world_size > 1:
+            rng = [None] * self.dist.world_size
+            torch.distributed.all_gather_object(rng, _rng_state(self.dist))
+        trainer = {"optimizer": optim_state, "rng": rng,
+                   "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
+                   "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
+        self.saved_step, self.wrote_latest = self.state["step"], True
+        if not self.dist.is_main:
+            return
+        meta = {"kind": "latest", "step": self.state["step"],
+                "tokens_seen": self.state["tokens_seen"], "validation": val,
+                "precision": resolve_precision(self.tc.precision, self.dist.device)}
+        save_checkpoint(self.out_dir / "latest", model_state, self.cfg, self.task.tokenizer,
+                        trainer, meta)
+
+
+def train_or_resume(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> float:
+    """Bring the run in ``out_dir`` to ``cfg.train.steps``: start it, resume it, or leave a
+    finished one alone. Returns the wall seconds spent training now."""
+    out_dir = Path(out_dir)
+    resume = has_checkpoint(out_dir)
+    if resume and read_checkpoint(out_dir / "latest").meta["step"] >= cfg.train.steps:
+        return 0.0
+    start = time.perf_counter()
+    train(cfg, out_dir, resume=resume, progress=progress)
+    return time.perf_counter() - start
+
+
+def _to(batch, device: torch.device):
+    if isinstance(batch, tuple):
+        return tuple(t.to(device) for t in batch)
+    return batch.to(device)

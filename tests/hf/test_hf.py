@@ -1,0 +1,267 @@
+"""Hugging Face transformers: export -> from_pretrained gives our logits for every architecture,
+save/load round trips (tied embeddings, bfloat16), greedy generate() equals ecp_lm.generate token
+for token (ECP past 3N in constant cache memory), pipelines produce text, and bad input is
+refused. Offline: nothing reaches a hub."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("transformers")
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+import ecp_lm.hf  # noqa: F401  (registers the model type)
+from ecp_lm.cli import main
+from ecp_lm.config import ARCHS
+from ecp_lm.data.tokenizers import ByteTokenizer, train_bpe
+from ecp_lm.generation import generate
+from ecp_lm.hf import CACHE_FIELD, EcpLmCache, EcpLmConfig, EcpLmForCausalLM
+from ecp_lm.hf.export import export_checkpoint, to_transformers_tokenizer
+from ecp_lm.run.checkpoint import save_checkpoint
+from ecp_lm.run.config import RunConfig
+from helpers import (
+    PERCEIVER_FAMILY,
+    TINY,
+    UNBOUNDED,
+    random_tokens,
+    sharp_model,
+    write_corpus,
+)
+
+N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]
+BYTES = 256  # vocabulary of the models whose text is decoded
+
+
+def write_checkpoint(path, model, tokenizer=None):
+    save_checkpoint(path, model.state_dict(), RunConfig(model=model.cfg), tokenizer, None,
+                    {"step": 0})
+    return path
+
+
+def cache_of(output):
+    """The cache of a model or generate() output (its field's name depends on the version)."""
+    return getattr(output, CACHE_FIELD)
+
+
+def load(folder, **kwargs):
+    return AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
+
+
+def new_tokens(arch: str) -> int:
+    """Well past 3N where the architecture streams; past the window N where it slides."""
+    return 3 * N + 7 if arch in UNBOUNDED else 2 * N
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_export_then_from_pretrained_gives_our_logits(arch, tmp_path):
+    model = sharp_model(arch)
+    files = export_checkpoint(write_checkpoint(tmp_path / "ckpt", model), tmp_path / "hf")
+    assert {"config.json", "model.safetensors", "generation_config.json"} <= set(files)
+    loaded = load(tmp_path / "hf")
+    assert isinstance(loaded, EcpLmForCausalLM) and loaded.model.cfg == model.cfg
+    with torch.no_grad():
+        for length in (N, M + 3, 1):
+            tokens = random_tokens(2, length, seed=length)
+            out = loaded(tokens)
+            torch.testing.assert_close(out.logits, model(tokens), atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_labels_give_the_loss_of_model_loss(arch):
+    model = sharp_model(arch)
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    tokens = random_tokens(2, N)
+    with torch.no_grad():
+        loss = wrapper(tokens, labels=tokens).loss
+        torch.testing.assert_close(loss, model.loss(tokens), atol=1e-6, rtol=0)
+
+
+def test_save_pretrained_round_trip_with_tied_embeddings(tmp_path):
+    model = sharp_model("ecp", tie_embeddings=True)
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    wrapper.save_pretrained(tmp_path)
+    loaded = load(tmp_path)
+    assert loaded.model.head.weight is loaded.model.embed.weight  # tied again, stored once
+    assert loaded.config.to_model_config() == model.cfg
+    assert loaded.state_dict().keys() == wrapper.state_dict().keys()
+    for name, tensor in wrapper.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], tensor), name
+    tokens = random_tokens(2, 20)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=1e-6, rtol=0)
+
+
+def test_bfloat16_load_computes_and_decodes_in_bfloat16(tmp_path):
+    model = sharp_model("ecp")
+    EcpLmForCausalLM.from_language_model(model).save_pretrained(tmp_path)
+    loaded = load(tmp_path, torch_dtype=torch.bfloat16)
+    assert all(p.dtype == torch.bfloat16 for p in loaded.parameters())
+    tokens = random_tokens(2, 20)
+    with torch.no_grad():
+        logits = loaded(tokens).logits
+        assert logits.dtype == torch.bfloat16
+        torch.testing.assert_close(logits.float(), model(tokens), atol=0.1, rtol=0.05)
+        out = loaded.generate(tokens[:, :5], do_sample=False, max_new_tokens=3 * N,
+                              return_dict_in_generate=True)
+    assert out.sequences.shape == (2, 5 + 3 * N)
+    assert all(cache.k.dtype == torch.bfloat16 for cache in cache_of(out).kv)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("prompt_len", [1, M + 1, N - 1])
+def test_greedy_generate_equals_ecp_lm_generate(arch, prompt_len):
+    """With transformers' cache (ours inside it) and, for one prompt length, without one."""
+    model = sharp_model(arch)
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    prompt = random_tokens(2, prompt_len, seed=prompt_len)
+    n = new_tokens(arch)
+    expected = generate(model, prompt, n, temperature=0.0)
+    with torch.no_grad():
+        cached = wrapper.generate(prompt, do_sample=False, max_new_tokens=n)
+        assert torch.equal(cached, expected)
+        if prompt_len == M + 1:
+            plain = wrapper.generate(prompt, do_sample=False, max_new_tokens=n, use_cache=False)
+            assert torch.equal(plain, expected)
+
+
+def test_ecp_generates_past_3n_in_constant_cache_memory():
+    model = sharp_model("ecp", n_layers=3)
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    sizes = []
+    wrapper.register_forward_hook(lambda module, args, out: sizes.append(cache_of(out).nbytes()))
+    prompt = random_tokens(1, 5)
+    n = 3 * N + 7
+    with torch.no_grad():
+        out = wrapper.generate(prompt, do_sample=False, max_new_tokens=n,
+                               return_dict_in_generate=True)
+    assert torch.equal(out.sequences, generate(model, prompt, n, temperature=0.0))
+    assert len(sizes) == n and len(set(sizes)) == 1  # the bytes never grow
+    cache = cache_of(out)
+    assert isinstance(cache, EcpLmCache) and cache.get_seq_length() == 5 + n - 1
+    assert cache.tokens.numel() == 0  # ECP keeps no tokens: the rings are everything
+    for layer in cache.kv:
+        assert layer.k.size(2) == 2 * M and layer.filled == 2 * M
+
+
+def test_transformer_and_perceiver_keep_at_most_a_window_of_tokens():
+    for arch in ("transformer", "double"):
+        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+        with torch.no_grad():
+            out = wrapper.generate(random_tokens(2, 5), do_sample=False, max_new_tokens=2 * N,
+                                   return_dict_in_generate=True)
+        assert cache_of(out).kv is None and cache_of(out).tokens.shape == (2, N)
+
+
+def test_a_cache_continues_where_it_stopped():
+    """Calling forward by hand: the prompt with use_cache=True, then one token at a time
+    with the returned cache, gives what ecp_lm.generate gives."""
+    for arch in ("ecp", "perceiver_ar"):
+        model = sharp_model(arch)
+        wrapper = EcpLmForCausalLM.from_language_model(model)
+        prompt = random_tokens(2, 7)
+        expected, expected_logits = generate(model, prompt, 12, return_logits=True)
+        with torch.no_grad():
+            out = wrapper(prompt, use_cache=True)
+            steps = [out.logits[:, -1]]
+            for i in range(11):
+                out = wrapper(expected[:, 7 + i:8 + i], cache=cache_of(out))
+                steps.append(out.logits[:, -1])
+        torch.testing.assert_close(torch.stack(steps, 1), expected_logits, atol=1e-5, rtol=0)
+
+
+def test_beam_search_with_the_cache_equals_without():
+    for arch in ("ecp", "transformer"):
+        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+        prompt = random_tokens(2, 5)
+        with torch.no_grad():
+            cached = wrapper.generate(prompt, num_beams=3, do_sample=False, max_new_tokens=20)
+            plain = wrapper.generate(prompt, num_beams=3, do_sample=False, max_new_tokens=20,
+                                     use_cache=False)
+        assert torch.equal(cached, plain)
+
+
+def test_padding_is_refused():
+    wrapper = EcpLmForCausalLM.from_language_model(sharp_model("ecp"))
+    prompt = random_tokens(2, 6)
+    mask = torch.ones_like(prompt)
+    mask[0, :2] = 0
+    with pytest.raises(ValueError, match="padding"):
+        wrapper.generate(prompt, attention_mask=mask, max_new_tokens=3)
+    with torch.no_grad():  # an all-ones mask is fine
+        wrapper.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=3)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_tokenizer_ids_match_ours(kind):
+    texts = ["hello world", "naïve café — 日本語 🙂\n\ttabs  and   spaces", "\x00\x7f", " a ",
+             "it's 1234"]
+    ours = ByteTokenizer() if kind == "bytes" else train_bpe([" ".join(texts) * 20], 300)
+    theirs = to_transformers_tokenizer(ours)
+    for text in texts:
+        ids = theirs(text)["input_ids"]
+        assert ids == ours.encode(text).tolist(), text
+        assert theirs.decode(ids) == ours.decode(ids) == text
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bpe"])
+def test_pipeline_generates_offline(kind, tmp_path):
+    if kind == "bytes":
+        tokenizer = ByteTokenizer()
+    else:
+        tokenizer = train_bpe([write_corpus(tmp_path / "corpus.txt").read_text()], 300)
+    model = sharp_model("ecp", vocab_size=max(BYTES, tokenizer.vocab_size))
+    ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer)
+    assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
+    assert AutoTokenizer.from_pretrained(tmp_path / "hf")("the model")["input_ids"] == \
+        tokenizer.encode("the model").tolist()
+    generator = pipeline("text-generation", model=str(tmp_path / "hf"))
+    prompt = "the model reads"
+    text = generator(prompt, max_new_tokens=20, do_sample=False)[0]["generated_text"]
+    ids = torch.as_tensor(tokenizer.encode(prompt))[None]
+    expected = generate(model, ids, 20, temperature=0.0)[0, ids.size(1):]
+    assert text == prompt + tokenizer.decode(expected)
+
+
+def test_export_refuses_a_classifier_and_bad_paths(tmp_path, capsys):
+    classifier = sharp_model("ecp", num_classes=3)
+    ckpt = write_checkpoint(tmp_path / "ckpt", classifier)
+    for argv, fragment in [
+            (["--ckpt", ckpt, "--out", tmp_path / "hf"], "num_classes=3"),
+            (["--ckpt", tmp_path / "missing", "--out", tmp_path / "hf"], "does not exist")]:
+        code = main(["export", *map(str, argv)])
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("ecp: error:"), lines
+        assert fragment in lines[0]
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ValueError, match="not a causal language model"):
+        EcpLmForCausalLM(EcpLmConfig(num_classes=3))
+
+
+def test_config_maps_model_config_one_to_one():
+    cfg = sharp_model("compressed_double").cfg
+    config = EcpLmConfig.from_model_config(cfg)
+    assert config.to_model_config() == cfg
+    assert {k: getattr(config, k) for k in cfg.to_dict()} == cfg.to_dict()
+    with pytest.raises(ValueError, match="num_segments=7"):
+        EcpLmConfig(seq_len=32, num_segments=7)
+
+
+def test_importing_ecp_lm_does_not_import_transformers():
+    code = ("import sys, ecp_lm, ecp_lm.cli, ecp_lm.generation\n"
+            "from ecp_lm import build_model, ModelConfig\n"
+            "build_model(ModelConfig())\n"
+            "assert 'transformers' not in sys.modules, 'transformers was imported'\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_perceiver_family_predicts_only_its_latents():
+    """The logits of a perceiver-family model cover its predicted positions, as ours."""
+    for arch in PERCEIVER_FAMILY:
+        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+        with torch.no_grad():
+            assert wrapper(random_tokens(1, N)).logits.shape == (1, N // 2, TINY["vocab_size"])
