@@ -1,12 +1,12 @@
 """FlexAttention's memory on CPU: building block masks, and a forward with ``attn_impl="flex"``.
 
 Block masks: for ecp, sliding_window, block_local and s2 (``--heads`` heads, 8 by default),
-each sized as ``ecp bench`` sizes it from m = ``--segment-len`` (ecp and s2 with segments of m,
-the window with ECP's entries, block_local with blocks of 2m), the block mask of one window of
-T positions is built from the architecture's band rules (``flex.band_block_mask``). Reported:
-the bytes of the BlockMask's own tensors (their storages, each counted once), the bytes of every
-tensor an operation creates while building it (views and in-place results excluded; an upper
-bound on what building holds at once), the growth of the process's peak resident set while
+each sized as ``ecp bench`` sizes it from m = ``--segment-len`` (ecp with segments of m, s2 with
+groups of m, the window with ECP's entries, block_local with blocks of 2m), the block mask of one
+window of T positions is built from the architecture's band rules (``flex.band_block_mask``).
+Reported: the bytes of the BlockMask's own tensors (their storages, each counted once), the bytes
+of every tensor an operation creates while building it (views and in-place results excluded; an
+upper bound on what building holds at once), the growth of the process's peak resident set while
 building it, and the time it took. With
 ``--previous-max-len T``, for lengths up to T, the same is measured for the builder of earlier
 releases (torch's eager ``create_block_mask`` with a ``mask_mod`` that gathers positions from a
@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from ecp_lm import ModelConfig, build_model
-from ecp_lm.bench.core import CreatedBytes
+from ecp_lm.bench.core import CreatedBytes, bench_sizes
 from ecp_lm.model.archs import architecture
 from ecp_lm.model.kernels import flex
 from ecp_lm.model.rows import Rows
@@ -69,7 +69,7 @@ def table_bytes(block_mask) -> int:
 
 
 def _arch(name: str, seq_len: int, args: argparse.Namespace):
-    sizes = architecture(name).bench_sizes(seq_len, args.segment_len)
+    sizes = bench_sizes(name, seq_len, args.segment_len)
     cfg = ModelConfig(arch=name, d_model=8 * args.heads, n_heads=args.heads, seq_len=seq_len,
                       **sizes)
     return architecture(name)(cfg), sizes

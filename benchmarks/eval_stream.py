@@ -30,7 +30,7 @@ import torch
 
 from ecp_lm.bench.core import memory_mark, peak_bytes
 from ecp_lm.config import ModelConfig
-from ecp_lm.evaluate.core import score_stream_cached
+from ecp_lm.evaluate.scoring import score_stream_cached
 from ecp_lm.model import build_model
 from ecp_lm.runtime import torch_threads
 

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from ecp_lm.bench.core import BenchSpec, format_decode, run_decode
+from ecp_lm.bench.core import BenchSpec
+from ecp_lm.bench.decode import format_decode, run_decode
 
 
 def plot(rows: dict[str, list[dict]], out: Path) -> None:

@@ -11,13 +11,13 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   and the transformer at the ``paper`` width (d_model 768, 12 layers, 6 heads, m = 256), batch 1,
   for T = 2k, 8k, 32k and, for the local patterns, 64k: tokens/s, peak memory (the CUDA
   allocator's), the step's matrix-product FLOPs from the model's own count
-  (``ecp_lm.bench.core.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
+  (``ecp_lm.bench.training.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
   matrix products measured here. All cases share the process, so FlexAttention compiles once;
 - ``block_masks``: the bytes allocated while building each band architecture's FlexAttention
   block mask at T = 4k, 16k, 64k, and how many times the compiled FlexAttention call compiled
   over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
 - ``decode``: ECP's and the transformer's decode step at batch 1, eager and compiled, beside the
-  bandwidth floor (``ecp_lm.bench.core.run_decode_modes``).
+  bandwidth floor (``ecp_lm.bench.decode.run_decode_modes``).
 
 ``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
 runs it so); ``--budget S`` skips what would start after S seconds.
@@ -39,8 +39,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from ecp_lm.bench import core as bench
-from ecp_lm.bench.core import BenchSpec
+from ecp_lm.bench import training
+from ecp_lm.bench.core import BenchSpec, model_config
+from ecp_lm.bench.decode import run_decode_modes
 
 NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e12,
                 "A10G": 125e12, "RTX 4090": 165e12}
@@ -66,7 +67,7 @@ def device_section(device: torch.device) -> dict[str, Any]:
     nominal = next((v for k, v in NOMINAL_BF16.items() if k in name), None) \
         if device.type == "cuda" else None
     return {"name": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-            "matmul_flops_per_s": bench.matmul_rate(device, dtype, 768 if nominal else 256),
+            "matmul_flops_per_s": training.matmul_rate(device, dtype, 768 if nominal else 256),
             "nominal_bf16_flops_per_s": nominal}
 
 
@@ -82,13 +83,13 @@ def train_section(device: torch.device, size: dict[str, Any], info: dict[str, An
             rows.append({"arch": arch, "seq_len": seq_len, "skipped": "out of time"})
             continue
         try:
-            row = bench.run_case(arch, seq_len, spec)
+            row = training.run_case(arch, seq_len, spec)
         except Exception as err:  # e.g. out of memory: the other cases still run
             rows.append({"arch": arch, "seq_len": seq_len, "error": _short(err)})
             if device.type == "cuda":
                 torch.cuda.empty_cache()
             continue
-        flops = bench.step_flops(bench.model_config(arch, seq_len, spec), spec.batch_size)
+        flops = training.step_flops(model_config(arch, seq_len, spec), spec.batch_size)
         rate = flops / row["step_s"]
         nominal = info.get("nominal_bf16_flops_per_s")
         rows.append({**{k: row[k] for k in ("arch", "seq_len", "params", "precision", "step_s",
@@ -111,8 +112,8 @@ def block_mask_section(device: torch.device, size: dict[str, Any]) -> dict[str, 
 def decode_section(device: torch.device, size: dict[str, Any], quick: bool) -> dict[str, Any]:
     spec = BenchSpec(**size["spec"], device=device.type)
     steps, rounds = (8, 2) if quick else (32, 2)
-    return bench.run_decode_modes(spec, size["decode_window"], batches=(1,), steps=steps,
-                                  rounds=rounds)
+    return run_decode_modes(spec, size["decode_window"], batches=(1,), steps=steps,
+                            rounds=rounds)
 
 
 def _short(err: BaseException) -> str:

@@ -86,7 +86,8 @@ def test_defaults_resolved():
 
 @pytest.mark.parametrize(("arch", "field", "at_64", "at_1024"), [
     ("sliding_window", "window", 25, 397),  # the same score entries as ECP at N, S = 4
-    ("block_local", "window", 32, 512),  # 2m
+    ("block_local", "block_len", 32, 512),  # 2m
+    ("s2", "group_len", 16, 256),  # m
     ("perceiver_ar", "latent_len", 32, 512),  # N/2
     ("compressed_double", "compressed_len", 16, 256),  # h/2
 ])
@@ -102,15 +103,30 @@ def test_derived_sizes_never_go_stale(arch, field, at_64, at_1024):
     assert build_model(longer).arch.cfg == fresh.resolved()
 
 
+def as_an_earlier_release_saved(cfg: ModelConfig) -> dict:
+    """``cfg``'s fields as an earlier release wrote them: derived sizes written out, each
+    renamed size under its old name, and no block_len or group_len keys (s2's G was N/S)."""
+    from ecp_lm.config import architecture
+
+    data = cfg.resolved().to_dict()
+    for old, new in architecture(cfg.arch).renamed.items():
+        data[old] = data.pop(new)
+    for name in ("block_len", "group_len"):
+        data.pop(name, None)
+    return data
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_configs_of_earlier_releases_load_to_the_same_model(arch):
-    """Earlier releases wrote the derived sizes into config.yaml; such a config describes the
-    same model as the plain one (same parameters, same outputs, same resolved sizes)."""
+    """Earlier releases wrote the derived sizes into config.yaml, under the names they had then;
+    such a config describes the same model as the plain one (same parameters, same outputs,
+    same resolved sizes)."""
     import torch
 
     plain = ModelConfig(arch=arch, seq_len=64, num_segments=4)
-    written = ModelConfig.from_dict(plain.resolved().to_dict())  # what 0.3 saved
+    written = ModelConfig.from_saved(as_an_earlier_release_saved(plain))  # what 0.3 saved
     assert written.resolved() == plain.resolved()
+    assert ModelConfig.from_saved(plain.to_dict()) == plain  # and what this release saves
     torch.manual_seed(0)
     a = build_model(plain)
     torch.manual_seed(0)
@@ -147,3 +163,59 @@ def test_paper_preset_scale():
         ("ecp", 768, 12, 6, 2048, 8)
     with pytest.raises(ValueError, match="unknown preset"):
         ModelConfig.from_preset("huge")
+
+
+# One name per meaning: window is sliding_window's, block_len block_local's, group_len s2's ------
+
+def test_the_baselines_defaults_are_set_from_ecp_segments():
+    """Left unset, b = 2m and G = m, with m = N/S, ECP's segment: in a fresh config and in one
+    whose N was replaced."""
+    for n in (64, 1024):
+        block = ModelConfig(arch="block_local", seq_len=n, num_segments=4)
+        group = ModelConfig(arch="s2", seq_len=n, num_segments=4)
+        assert (block.block_len, group.group_len) == (None, None)
+        assert block.resolved().block_len == 2 * (n // 4) and block.resolved().window is None
+        assert group.resolved().group_len == n // 4 == group.segment_len
+        assert dataclasses.replace(block, seq_len=2 * n).resolved().block_len == n
+        assert dataclasses.replace(group, seq_len=2 * n).resolved().group_len == n // 2
+    assert build_model(ModelConfig(arch="block_local", seq_len=64)).arch.period == 32
+    assert build_model(ModelConfig(arch="s2", seq_len=64)).arch.period == 16
+
+
+def test_a_new_config_that_calls_block_local_s_block_window_is_refused():
+    with pytest.raises(ValueError, match=r"^window=8: arch='block_local' .*block_len.*"
+                                         r"set block_len=8"):
+        ModelConfig(arch="block_local", window=8)
+    with pytest.raises(ValueError, match=r"window=8: .*set block_len=8"):
+        ModelConfig.from_dict({"arch": "block_local", "window": 8})
+    with pytest.raises(ValueError, match=r"window=8: .*set block_len=8"):  # both: not guessed
+        ModelConfig.from_saved({"arch": "block_local", "window": 8, "block_len": 16})
+    assert ModelConfig(arch="block_local", block_len=8).resolved().block_len == 8
+
+
+def test_a_saved_block_local_window_is_read_as_its_block_len():
+    import torch
+
+    from ecp_lm.config import saved_fields
+
+    old = {k: v for k, v in ModelConfig().to_dict().items() if k not in ("block_len", "group_len")}
+    old.update(arch="block_local", window=8)  # as an earlier release wrote it
+    cfg = ModelConfig.from_saved(old)
+    assert cfg == ModelConfig(arch="block_local", block_len=8)
+    assert saved_fields({"arch": "sliding_window", "window": 8})["window"] == 8  # its own name
+    torch.manual_seed(0)
+    a = build_model(cfg)
+    torch.manual_seed(0)
+    b = build_model(ModelConfig(arch="block_local", block_len=8))
+    tokens = torch.randint(0, 256, (2, 64))
+    assert torch.equal(a(tokens), b(tokens))
+
+
+@pytest.mark.parametrize(("name", "owner"), [("window", "sliding_window"),
+                                             ("block_len", "block_local"), ("group_len", "s2")])
+def test_each_size_is_refused_where_the_pattern_has_none(name, owner):
+    assert getattr(ModelConfig(arch=owner, **{name: 8}), name) == 8
+    for arch in ARCHS:
+        if arch != owner and not (arch == "block_local" and name == "window"):
+            raises(rf"^{name}=8 is set, but arch='{arch}' has no {name} \(only {owner} uses "
+                   rf"one\)", arch=arch, **{name: 8})

@@ -1,10 +1,13 @@
 """Model configuration: one validated dataclass for every architecture, presets, YAML.
 
 Notation follows the research (SPEC §1): N = ``seq_len``, l = ``latent_len``, h = N - l,
-S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``, w = ``window``.
+S = ``num_segments``, m = N / S, p = ``compressed_len``, L = ``n_layers``, w = ``window``,
+b = ``block_len``, G = ``group_len``. Each name has one meaning: ``window`` is sliding_window's
+alone, and each baseline's size is its own field.
 
 A config is plain data: it holds what the user set, and a size left unset stays ``None``
-(``latent_len``, ``compressed_len``, ``window``). The sizes that follow from the others are
+(``latent_len``, ``compressed_len``, ``window``, ``block_len``, ``group_len``). The sizes that
+follow from the others are
 derived where they are needed, by ``resolved()``, so ``dataclasses.replace``, a YAML edit or a
 preset never carries a value derived from sizes that have since changed. The shared fields are
 checked here; each architecture derives and checks its own (``Architecture.defaults`` and
@@ -16,11 +19,17 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from ecp_lm.model.archs import ARCHS, REGISTRY, architecture  # noqa: F401 (ARCHS re-exported)
+if TYPE_CHECKING:
+    from ecp_lm.model.archs.base import Architecture
+
+ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
+                          "ecp", "sliding_window", "block_local", "s2")
+"""The architectures' names, readable without torch; each is one class in ``model/archs/``,
+looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
 ROPE_MODES = ("all", "first", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "reference")
@@ -46,15 +55,23 @@ class ModelConfig:
     latent_len: int | None = None
     """Latent length l of the perceiver family (default N/2): the positions that are predicted."""
     num_segments: int = 4
-    """S, which sets the segment length m = N/S of ``ecp`` and the group length G = m of ``s2``
-    (and the default ``window`` of ``sliding_window`` and ``block_local``); for ``ssplit`` the
-    number of history segments, of length h/S. ``segment_len`` is that length."""
+    """S: how many segments a pattern cuts its span into: ``ecp``'s window N, in segments of
+    m = N/S, and ``ssplit``'s history, in segments of h/S. The same-cost baselines take their
+    default sizes from ECP's m = N/S (``window``, ``block_len``, ``group_len``).
+    ``segment_len`` is the segment length (for ``s2``, its group G)."""
     compressed_len: int | None = None
     """p: rows the history is compressed to after layer 0 (``compressed_double``; default h/2)."""
     window: int | None = None
-    """w: ``sliding_window``'s window (each query sees itself and w - 1 earlier positions;
-    default: the same unmasked score entries as ``ecp`` at this N and S, about 3m/2) or
-    ``block_local``'s block (default 2m, ECP's one-layer reach)."""
+    """w: ``sliding_window``'s window, its only use: each query sees itself and w - 1 earlier
+    positions (default: the same unmasked score entries as ``ecp`` at this N and S, from ECP's
+    m = N/S; about 3m/2)."""
+    block_len: int | None = None
+    """b: ``block_local``'s block, causal attention within blocks of b positions aligned to 0
+    (default 2m = 2·N/S from ECP's m, ECP's one-layer reach). Configs saved by an earlier
+    release, which called it ``window``, are read with that name."""
+    group_len: int | None = None
+    """G: ``s2``'s group, causal attention within groups of G positions, half of the heads' shifted
+    by G/2; even (default ECP's m = N/S, which then needs N divisible by S)."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -68,18 +85,19 @@ class ModelConfig:
     attn_impl: str = "auto"
     """The attention kernel, named by what runs: ``auto`` (the fastest exact kernel that can run
     each call), ``native`` (the C++ band kernel: CPU, no dropout; ecp and the local baselines),
-    ``flash`` (PyTorch's fused SDPA kernels without a mask), ``mask`` (SDPA with a small static
-    mask, batched over blocks), ``flex`` (FlexAttention; no dropout, backward only on CUDA), or
-    ``reference`` (dense masked attention built from the mask predicate). Each architecture
-    has some of native/flash/mask; an explicit kernel that cannot run a call raises
-    ValueError."""
+    ``flash`` (PyTorch's fused SDPA kernels, no mask tensor: for ecp two flash calls, over each
+    segment and over its previous segment, merged by log-sum-exp (CPU, no dropout); for the
+    others unmasked or causal fused SDPA calls, over the whole window or batched over blocks,
+    segments or groups), ``mask`` (SDPA with a small static mask, batched over blocks),
+    ``flex`` (FlexAttention; no dropout, backward only on CUDA), or ``reference`` (dense masked
+    attention built from the mask predicate). Each architecture has some of native/flash/mask;
+    an explicit kernel that cannot run a call raises ValueError."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""
 
     def __post_init__(self) -> None:
-        if self.arch not in REGISTRY:
-            raise ValueError(f"arch={self.arch!r} is not one of {', '.join(REGISTRY)}")
+        architecture(self.arch)  # ValueError naming the architectures for an unknown one
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "num_segments",
                      "ff_mult"):
             value = getattr(self, name)
@@ -107,25 +125,39 @@ class ModelConfig:
         if self.num_classes is not None and self.tie_embeddings:
             raise ValueError(f"tie_embeddings=True needs the language-model head, "
                              f"but num_classes={self.num_classes} replaces it")
-        for name in ("latent_len", "compressed_len", "window"):
+        for name in ("latent_len", "compressed_len", *OWN_SIZES):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name}={value!r} must be an integer")
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"window={self.window} must be a positive integer")
-        if self.window is not None and "window" not in architecture(self.arch).size_fields:
-            users = [a for a in REGISTRY if "window" in architecture(a).size_fields]
-            raise ValueError(f"window={self.window} is set, but arch={self.arch!r} has no window "
-                             f"(only {' and '.join(users)} use one); leave window unset (null)")
-        architecture(self.arch).check(self.resolved())
+        for name in OWN_SIZES:
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name}={value} must be a positive integer")
+        own = architecture(self.arch)
+        for old, new in own.renamed.items():
+            value = getattr(self, old)
+            if value is not None:
+                raise ValueError(
+                    f"{old}={value}: arch={self.arch!r} calls this size {new} ({old} is "
+                    f"{' and '.join(_users(old))}'s); set {new}={value} — configs saved by an "
+                    f"earlier release are read with the old name")
+        for name in OWN_SIZES:
+            value = getattr(self, name)
+            if value is not None and name not in own.size_fields:
+                users = _users(name)
+                raise ValueError(
+                    f"{name}={value} is set, but arch={self.arch!r} has no {name} (only "
+                    f"{' and '.join(users)} {'uses' if len(users) == 1 else 'use'} one); leave "
+                    f"{name} unset (null)")
+        own.check(self.resolved())
 
     # Derived sizes -------------------------------------------------------------------------
     def resolved(self) -> ModelConfig:
         """This config with every unset size derived from the others: ``latent_len`` N/2 (the
         perceiver family's latents, and the l of every architecture's default evaluation
-        stride, SPEC §6), and the architecture's own (``Architecture.defaults``: the window of
-        sliding_window and block_local, compressed_double's p). A new config each call; the
-        config itself is left as the user set it."""
+        stride, SPEC §6), and the architecture's own (``Architecture.defaults``: sliding_window's
+        window, block_local's block_len, s2's group_len, compressed_double's p). A new config
+        each call; the config itself is left as the user set it."""
         filled = {} if self.latent_len is not None else {"latent_len": self.default_latent_len}
         filled.update((name, value) for name, value in
                       architecture(self.arch).defaults(self).items()
@@ -148,7 +180,9 @@ class ModelConfig:
 
     @property
     def segment_len(self) -> int:
-        """m = N / S: ECP's segment and s2's group; h / S, the history segment, for s-Split."""
+        """The length of the pattern's segments: m = N / S for ecp (and the architectures
+        without segments), G for s2 (its group, the period of its pattern), h / S, the history
+        segment, for s-Split."""
         return architecture(self.arch).segment_length(self)
 
     # Serialisation -------------------------------------------------------------------------
@@ -157,11 +191,21 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> ModelConfig:
+        """A config as written now (a user's file, the Python API): a size set under a name its
+        architecture has since renamed is refused, with the new name (``from_saved`` reads
+        what an earlier release saved)."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown ModelConfig field(s): {', '.join(unknown)}")
         return cls(**data)
+
+    @classmethod
+    def from_saved(cls, data: dict[str, Any]) -> ModelConfig:
+        """The config that a model section saved by this or an earlier release describes
+        (a run's or a checkpoint's ``config.yaml``, an export's ``config.json``): the old names
+        of renamed sizes are read as the new ones (``saved_fields``)."""
+        return cls.from_dict(saved_fields(data))
 
     def to_yaml(self, path: str | Path | None = None) -> str:
         text = yaml.safe_dump(self.to_dict(), sort_keys=False)
@@ -185,6 +229,37 @@ class ModelConfig:
         return cls.from_dict({**PRESETS[name], **overrides})
 
 
+OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len")
+"""The sizes that belong to one pattern each: refused for an architecture whose
+``size_fields`` do not hold them."""
+
+
+def saved_fields(data: dict[str, Any]) -> dict[str, Any]:
+    """A saved model section's fields with the names an earlier release used for them
+    rewritten to today's (each architecture's ``renamed``, e.g. block_local's ``window`` is
+    its ``block_len``); other fields, and data that is not such a section, as they are. What
+    is left is checked by ``ModelConfig.from_dict``: an old name set beside its new one is
+    refused there."""
+    if not isinstance(data, dict):
+        return data
+    try:
+        own = architecture(data.get("arch", ModelConfig.arch))
+    except (ValueError, TypeError):  # an unknown arch: from_dict names it
+        return data
+    data = dict(data)
+    for old, new in own.renamed.items():
+        if old in data and data.get(new) is None:
+            value = data.pop(old)
+            if value is not None:
+                data[new] = value
+    return data
+
+
+def _users(name: str) -> list[str]:
+    """The architectures whose size fields hold ``name``."""
+    return [a for a in ARCHS if name in architecture(a).size_fields]
+
+
 PRESETS: dict[str, dict[str, Any]] = {
     # Seconds-fast models for tests: N = 64, m = 16, l = 32.
     "tiny": dict(vocab_size=256, d_model=64, n_layers=2, n_heads=4, seq_len=64, num_segments=4),
@@ -196,3 +271,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     "paper": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=6, seq_len=2048,
                   num_segments=8),
 }
+
+
+def architecture(name: str) -> type[Architecture]:
+    """The class of architecture ``name``, imported (with torch) on first use: this module stays
+    plain data, and the architectures' own defaults and checks live with them."""
+    from ecp_lm.model.archs import architecture as lookup
+
+    return lookup(name)

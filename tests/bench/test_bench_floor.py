@@ -4,8 +4,9 @@ time they take at the matrix-product rate measured in the same run, and each ste
 import pytest
 import torch
 
-from ecp_lm.bench import core as bench
+from ecp_lm.bench import training as bench
 from ecp_lm.bench.complexity import attention_cost
+from ecp_lm.bench.core import BenchSpec, model_config
 from ecp_lm.config import ModelConfig
 
 D, LAYERS, N, VOCAB = 32, 2, 64, 256
@@ -68,12 +69,12 @@ def test_train_modes_report_each_step_against_its_flop_floor(monkeypatch):
 
     monkeypatch.setattr(bench, "run", fake_run)
     monkeypatch.setattr(bench, "matmul_rate", fake_rate)
-    spec = bench.BenchSpec(d_model=D, n_layers=LAYERS, n_heads=2, segment_len=16)
+    spec = BenchSpec(d_model=D, n_layers=LAYERS, n_heads=2, segment_len=16)
     rows = bench.run_train_modes(["ecp", "transformer"], [64], spec, progress=False)
     assert sorted(measured, key=str) == [torch.bfloat16] * 2 + [torch.float32] * 2
     assert len(rows) == 8
     for r in rows:
-        flops = bench.step_flops(bench.model_config(r["arch"], 64, spec), 1)
+        flops = bench.step_flops(model_config(r["arch"], 64, spec), 1)
         rate = 1e11 if r["precision"] == "fp32" else 4e11
         assert r["step_flops"] == flops and r["matmul_flop_s"] == rate
         assert r["floor_s"] == pytest.approx(flops / rate)

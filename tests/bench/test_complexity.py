@@ -58,7 +58,7 @@ def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int
             return q - w < kv <= q
         return [(range(n), range(n), window)] * num_layers
     if cfg.arch == "block_local":
-        b = cfg.window
+        b = cfg.block_len
 
         def blocks(q: int, kv: int) -> bool:
             return kv <= q and q // b == kv // b
@@ -77,7 +77,7 @@ def s2_mask(g: int, n_heads: int) -> Callable[[int, int, int], bool]:
 def brute_force_entries(cfg: ModelConfig) -> list[float]:
     """Allowed (query, key) pairs of each layer, counted one by one (the mean over heads)."""
     if cfg.arch == "s2":
-        mask, n = s2_mask(cfg.seq_len // cfg.num_segments, cfg.n_heads), cfg.seq_len
+        mask, n = s2_mask(cfg.resolved().group_len, cfg.n_heads), cfg.seq_len
         per_layer = sum(mask(q, kv, h) for h in range(cfg.n_heads) for q in range(n)
                         for kv in range(n)) / cfg.n_heads
         return [per_layer] * cfg.n_layers
@@ -104,12 +104,14 @@ def valid(arch: str, sizes: dict) -> bool:
 
 CASES = [pytest.param(arch, sizes, id=f"{arch}-" + "-".join(map(str, sizes.values())))
          for arch in ARCHS for sizes in SIZES if valid(arch, sizes)]
-CASES += [pytest.param(arch, dict(seq_len=n, num_segments=1, window=w, n_layers=2),
-                       id=f"{arch}-N{n}-w{w}")
-          for arch in ("sliding_window", "block_local") for n, w in
-          [(16, 1), (16, 5), (17, 4), (24, 24), (10, 40)]]
+CASES += [pytest.param(arch, dict(seq_len=n, num_segments=1, n_layers=2, **{size: w}),
+                       id=f"{arch}-N{n}-{size}{w}")
+          for arch, size in (("sliding_window", "window"), ("block_local", "block_len"))
+          for n, w in [(16, 1), (16, 5), (17, 4), (24, 24), (10, 40)]]
 CASES += [pytest.param("s2", dict(seq_len=n, num_segments=s, n_layers=1), id=f"s2-N{n}-S{s}")
           for n, s in [(12, 2), (20, 5), (24, 12)]]
+CASES += [pytest.param("s2", dict(seq_len=n, num_segments=3, group_len=g, n_layers=1),
+                       id=f"s2-N{n}-G{g}") for n, g in [(17, 4), (16, 6), (10, 40)]]
 
 
 @pytest.mark.parametrize(("arch", "sizes"), CASES)
@@ -194,3 +196,27 @@ def test_format_table_lists_every_arch() -> None:
     for arch in ARCHS:
         assert any(line.startswith(arch + " ") for line in lines), arch
     assert "100.0%" in table  # the transformer's ratio to causal
+
+
+def test_each_pattern_reports_its_own_size_under_its_own_name() -> None:
+    costs = {c.arch: c for c in compare(ModelConfig.from_preset("paper", num_segments=16),
+                                        ARCHS)}
+    sizes = {arch: (c.num_segments, c.window, c.block_len, c.group_len)
+             for arch, c in costs.items() if arch in ("ecp", "sliding_window", "block_local",
+                                                      "s2")}
+    assert sizes == {"ecp": (16, None, None, None), "sliding_window": (None, 194, None, None),
+                     "block_local": (None, None, 256, None), "s2": (None, None, None, 128)}
+    data = costs["block_local"].to_dict()
+    assert data["block_len"] == 256 and data["window"] is None and data["group_len"] is None
+    rows = {line.split()[0]: line.split()[1] for line in format_table(list(costs.values()))
+            .splitlines()[3:] if line.strip() and line.split()[0] in costs}
+    assert (rows["sliding_window"], rows["block_local"], rows["s2"]) == \
+        ("w=194", "b=256", "G=128")
+
+
+def test_compare_sizes_only_the_pattern_a_size_belongs_to() -> None:
+    base = dict(seq_len=64, num_segments=4, window=5, block_len=8, group_len=4)
+    costs = {c.arch: c for c in compare(base, ARCHS)}
+    assert (costs["sliding_window"].window, costs["block_local"].block_len,
+            costs["s2"].group_len) == (5, 8, 4)
+    assert costs["ecp"].window is None and costs["transformer"].block_len is None

@@ -272,10 +272,28 @@ def test_a_window_on_an_architecture_without_one(tmp_path, capsys):
     for arch in ("ecp", "transformer", "perceiver_ar", "s2"):
         with pytest.raises(ValueError, match=rf"window=8 .*arch='{arch}'"):
             ModelConfig(arch=arch, window=8)
-    for arch in ("sliding_window", "block_local"):
-        assert ModelConfig(arch=arch, window=8).window == 8
+    assert ModelConfig(arch="sliding_window", window=8).window == 8
     one_line_error(capsys, ["train", "--config", "tiny", "--out", tmp_path / "r",
                             "model.window=8"], "model.window=8", "arch='ecp'")
+    one_line_error(capsys, ["train", "--config", "tiny", "--out", tmp_path / "r",
+                            "model.block_len=8", "model.arch=s2"], "model.block_len=8",
+                   "arch='s2'", "only block_local")
+    assert not (tmp_path / "r").exists()
+
+
+def test_block_local_s_block_set_as_window_points_to_block_len(tmp_path, capsys):
+    """A new config names block_local's block block_len; window (sliding_window's) is refused
+    with the new name, on one line, before anything is written."""
+    out = tmp_path / "r"
+    one_line_error(capsys, ["train", "--config", "tiny", "--stop-at", "0",
+                            "model.arch=block_local", "model.window=8", "--out", out],
+                   "model.window=8", "arch='block_local'", "set block_len=8")
+    assert not out.exists()
+    config = tmp_path / "run.yaml"
+    config.write_text("model:\n  arch: block_local\n  window: 8\n")  # a user's file: new
+    one_line_error(capsys, ["train", "--config", config, "--stop-at", "0", "--out", out],
+                   "window=8", "block_len")
+    assert not out.exists()
 
 
 def test_stop_at_past_the_last_step(run, tmp_path, capsys):

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.integration
 def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
     from ecp_lm.data.sources import open_source
     from ecp_lm.experiments import long_context
+    from ecp_lm.experiments.long_context import entry  # noqa: F401 (patched below)
 
     fetched(lambda: open_source("sympy-code"))
     out = tmp_path / "study"
@@ -69,7 +70,7 @@ def test_tiny_budget_runs_every_stage_and_resumes(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("a finished study trained again")
 
-    monkeypatch.setattr(long_context, "train_or_resume", no_training)
+    monkeypatch.setattr(long_context.entry, "train_or_resume", no_training)
     assert run_study("tiny", out, progress=False)["runs"] == runs
     monkeypatch.undo()
 

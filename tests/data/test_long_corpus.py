@@ -16,16 +16,12 @@ from test_integration import fetched
 
 from ecp_lm.cli import main
 from ecp_lm.data import fetch as fetch_module
-from ecp_lm.data import sources as sources_module
+from ecp_lm.data import sympy_code as sympy_code_module
 from ecp_lm.data.cache import open_cache
 from ecp_lm.data.fetch import SYMPY_WHEEL, FetchError, PinnedWheel
-from ecp_lm.data.sources import (
-    SPLITS,
-    SYMPY_MIN_BYTES,
-    SympyCode,
-    open_source,
-    sympy_split,
-)
+from ecp_lm.data.sources import open_source
+from ecp_lm.data.sympy_code import SYMPY_MIN_BYTES, SympyCode, sympy_split
+from ecp_lm.data.text_source import SPLITS
 
 integration = pytest.mark.integration
 
@@ -44,7 +40,7 @@ def sympy_code(tmp_path_factory):
     """The source opened once from the registry, and a copy of the wheel it was built from."""
     cache = tmp_path_factory.mktemp("sympy-cache")
     kept = tmp_path_factory.mktemp("wheel")
-    download = sources_module.download_wheel
+    download = sympy_code_module.download_wheel
 
     def keep_wheel(wheel, folder):
         path = download(wheel, folder)
@@ -52,7 +48,7 @@ def sympy_code(tmp_path_factory):
         return path
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(sources_module, "download_wheel", keep_wheel)
+        patch.setattr(sympy_code_module, "download_wheel", keep_wheel)
         source = fetched(lambda: open_source("sympy-code", cache=cache))
     return SimpleNamespace(source=source, cache=cache, wheel=kept / SYMPY_WHEEL.filename)
 
@@ -131,8 +127,8 @@ def test_second_open_needs_no_pip_and_no_unzip(sympy_code, monkeypatch):
         raise AssertionError("the second open ran pip or opened the wheel")
 
     monkeypatch.setattr(fetch_module, "subprocess", SimpleNamespace(run=refuse))
-    monkeypatch.setattr(sources_module, "download_wheel", refuse)
-    monkeypatch.setattr(sources_module.zipfile, "ZipFile", refuse)
+    monkeypatch.setattr(sympy_code_module, "download_wheel", refuse)
+    monkeypatch.setattr(sympy_code_module.zipfile, "ZipFile", refuse)
     again = open_source("sympy-code", cache=sympy_code.cache)
     first = sympy_code.source
     assert again.location_key() == first.location_key()

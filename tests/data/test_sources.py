@@ -3,7 +3,8 @@
 import pytest
 from corpora import TEXT, write_wikitext
 
-from ecp_lm.data.sources import SPLITS, open_source
+from ecp_lm.data.sources import open_source
+from ecp_lm.data.text_source import SPLITS
 
 
 def joined(source, split):

@@ -11,7 +11,8 @@ from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 
 from ecp_lm.data.cache import prepare
 from ecp_lm.data.sources import open_source
-from ecp_lm.evaluate.core import evaluate_checkpoint, scored_text
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
+from ecp_lm.evaluate.scoring import scored_text
 from ecp_lm.run.config import RunConfig
 from ecp_lm.train.loop import train
 from helpers import TINY

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from ecp_lm.cli import main
-from ecp_lm.evaluate.core import evaluate_checkpoint
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.train.loop import train
 from helpers import tiny_run_config, write_corpus
 

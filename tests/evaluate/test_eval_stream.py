@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ecp_lm.data.cache import open_run_cache
-from ecp_lm.evaluate.core import score_stream_cached
+from ecp_lm.evaluate.scoring import score_stream_cached
 from ecp_lm.run.checkpoint import read_checkpoint
 from helpers import (
     TINY,

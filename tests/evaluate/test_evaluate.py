@@ -14,7 +14,7 @@ from ecp_lm.cli import main
 from ecp_lm.data.batches import eval_windows
 from ecp_lm.data.cache import prepare
 from ecp_lm.data.sources import open_source
-from ecp_lm.evaluate.core import lm_report, score_stream, scored_text
+from ecp_lm.evaluate.scoring import lm_report, score_stream, scored_text
 from ecp_lm.train.loop import train
 from helpers import random_tokens, tiny_config, tiny_run_config
 

@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ecp_lm.data.cache import open_run_cache
-from ecp_lm.evaluate.core import per_position_loss, position_report, score_stream, window_length
+from ecp_lm.evaluate.positions import per_position_loss, position_report
+from ecp_lm.evaluate.scoring import score_stream, window_length
 from ecp_lm.run.checkpoint import read_checkpoint
 from helpers import (
     PERCEIVER_FAMILY,

@@ -11,19 +11,15 @@ import torch
 
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.experiments import mqar
-from ecp_lm.experiments.mqar import (
-    BUDGETS,
-    IGNORE,
-    MQARSpec,
-    TrainSpec,
+from ecp_lm.experiments.mqar.budgets import BUDGETS
+from ecp_lm.experiments.mqar.linear_probe import (
     layer_states,
-    mqar_batch,
     probe_accuracy,
     query_probe,
     segment_probe,
-    single_pair_batch,
-    train_mqar,
 )
+from ecp_lm.experiments.mqar.task import IGNORE, MQARSpec, mqar_batch, single_pair_batch
+from ecp_lm.experiments.mqar.train import TrainSpec, mqar_loss, segment_offset, train_mqar
 from helpers import sharpen
 
 SPEC = MQARSpec(seq_len=64, num_pairs=5, num_queries=3, d_min=17, d_max=32, num_keys=8,
@@ -168,7 +164,7 @@ def test_the_loss_is_taken_only_at_the_queries():
     logits = model(batch.tokens)
     expected = torch.nn.functional.cross_entropy(
         logits.flatten(0, 1), batch.targets.flatten(), ignore_index=IGNORE)
-    assert torch.allclose(mqar.mqar_loss(model, batch), expected)
+    assert torch.allclose(mqar_loss(model, batch), expected)
 
 
 # What each architecture can see ----------------------------------------------------------------
@@ -194,7 +190,7 @@ def test_block_local_never_sees_a_pair_in_an_earlier_block():
     # Blocks of 2m = 16; every key is 17..32 positions before its query, so always in an
     # earlier block: the query's logits do not depend on the value at all, at any depth.
     model = sharpen(model_for(SPEC, "block_local", 3)).eval()
-    assert model.cfg.window == 2 * M < SPEC.d_min
+    assert model.cfg.block_len == 2 * M < SPEC.d_min
     batch = mqar_batch(SPEC, 6, torch.Generator().manual_seed(7))
     assert not any(perturbed_value_changes(model, batch))
     # The same perturbation reaches the query in a transformer.
@@ -219,7 +215,7 @@ def test_ecp_sees_a_pair_exactly_within_its_layers_reach():
     # Values 2..4 segments before their queries: L = 1 sees none, L = 2 only offset 2, L = 4
     # all of them.
     batch = mqar_batch(SPEC, 8, torch.Generator().manual_seed(9))
-    offset = mqar.segment_offset(batch, M).flatten()
+    offset = segment_offset(batch, M).flatten()
     assert set(offset.tolist()) == {2, 3, 4}
     for layers in (1, 2, 4):
         model = sharpen(model_for(SPEC, "ecp", layers)).eval()

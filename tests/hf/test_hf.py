@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 
 import ecp_lm.hf  # noqa: F401  (registers the model type)
 from ecp_lm.cli import main
-from ecp_lm.config import ARCHS
+from ecp_lm.config import ARCHS, ModelConfig
 from ecp_lm.data.tokenizers import ByteTokenizer, train_bpe
 from ecp_lm.generation import generate
 from ecp_lm.hf import CACHE_FIELD, EcpLmCache, EcpLmConfig, EcpLmForCausalLM
@@ -249,6 +249,30 @@ def test_config_maps_model_config_one_to_one():
     assert {k: getattr(config, k) for k in cfg.to_dict()} == cfg.to_dict()
     with pytest.raises(ValueError, match="num_segments=7"):
         EcpLmConfig(seq_len=32, num_segments=7)
+
+
+def test_an_export_of_an_earlier_release_names_block_local_s_block_window(tmp_path):
+    """config.json of an earlier ``ecp export``: block_local's block as ``window``, no block_len
+    or group_len key. It describes the same model as today's names."""
+    import json
+
+    config = EcpLmConfig(arch="block_local", window=8)
+    assert config.to_model_config() == ModelConfig(arch="block_local", block_len=8)
+    assert (config.window, config.block_len, config.group_len) == (None, 8, None)
+    assert EcpLmConfig(arch="s2", group_len=6, seq_len=60, num_segments=8).to_model_config() \
+        == ModelConfig(arch="s2", group_len=6, seq_len=60, num_segments=8)
+    model = sharp_model("block_local", block_len=8)
+    export_checkpoint(write_checkpoint(tmp_path / "ckpt", model), tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    data = json.loads(path.read_text())
+    data["window"] = data.pop("block_len")
+    del data["group_len"]
+    path.write_text(json.dumps(data))
+    loaded = load(tmp_path / "hf")
+    assert loaded.model.cfg == model.cfg and loaded.config.block_len == 8
+    tokens = random_tokens(2, N)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=0, rtol=0)
 
 
 def test_importing_ecp_lm_does_not_import_transformers():

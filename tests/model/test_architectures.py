@@ -91,7 +91,7 @@ PLUGIN = '''
 """Attention to the previous token and itself: a band of two."""
 
 from ecp_lm.model.archs.base import BandArchitecture
-from ecp_lm.model.kernels.masks import SlidingWindowMask
+from ecp_lm.model.archs.sliding_window import SlidingWindowMask
 
 
 class PairWindow(BandArchitecture):
@@ -116,7 +116,7 @@ def test_a_new_architecture_is_one_file_and_one_registry_line(tmp_path, monkeypa
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, name, module)
     spec.loader.exec_module(module)
-    monkeypatch.setitem(archs.REGISTRY, "pair_window", "pair_window:PairWindow")  # the one line
+    monkeypatch.setitem(archs.REGISTRY, "pair_window", module.PairWindow)  # the one line
 
     from ecp_lm.bench.complexity import attention_cost
     from ecp_lm.generation import generate
@@ -137,6 +137,15 @@ def test_a_new_architecture_is_one_file_and_one_registry_line(tmp_path, monkeypa
 
 
 # Kernels named by what runs ------------------------------------------------------------------
+
+def test_the_registry_holds_every_named_architecture_as_its_class():
+    # config.ARCHS is the torch-free list of names; the registry maps each to its class, imported
+    # directly (an editor follows it), and nothing else.
+    assert tuple(archs.REGISTRY) == ARCHS
+    for name, cls in archs.REGISTRY.items():
+        assert isinstance(cls, type) and issubclass(cls, archs.Architecture), name
+        assert cls.__module__.startswith(f"{archs.__name__}."), name
+
 
 def test_sdpa_was_renamed():
     with pytest.raises(ValueError, match=r"attn_impl='sdpa' was split .* 'native', 'flash'"):

@@ -12,13 +12,10 @@ import torch
 
 from ecp_lm import ModelConfig
 from ecp_lm.generation import generate
-from ecp_lm.model.kernels.masks import (
-    BlockLocalMask,
-    ShiftedGroupMask,
-    SlidingWindowMask,
-    materialize,
-    show,
-)
+from ecp_lm.model.archs.block_local import BlockLocalMask
+from ecp_lm.model.archs.s2 import ShiftedGroupMask
+from ecp_lm.model.archs.sliding_window import SlidingWindowMask
+from ecp_lm.model.kernels.masks import materialize, show
 from helpers import TINY, random_tokens, sharp_model
 
 N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]  # 32, 8
@@ -86,8 +83,8 @@ def first_visible(arch: str, cfg: ModelConfig, q: int) -> int:
     if arch == "sliding_window":
         return max(0, q - cfg.window + 1)
     if arch == "block_local":
-        return q // cfg.window * cfg.window
-    g = cfg.seq_len // cfg.num_segments  # s2: the earlier of its group and its shifted group
+        return q // cfg.block_len * cfg.block_len
+    g = cfg.group_len  # s2: the earlier of its group and its shifted group
     return min(q // g * g, max(0, (q + g // 2) // g * g - g // 2))
 
 
@@ -97,12 +94,15 @@ def reach_after(arch: str, cfg: ModelConfig, q: int) -> int:
     return q
 
 
-@pytest.mark.parametrize("arch", ["sliding_window", "block_local", "s2"])
+@pytest.mark.parametrize(("arch", "sizes"), [
+    ("sliding_window", dict(window=5)), ("block_local", {}), ("block_local", dict(block_len=5)),
+    ("s2", {}), ("s2", dict(group_len=6))])
 @pytest.mark.parametrize("n_layers", [1, 3])
-def test_receptive_field_by_perturbation(arch, n_layers):
+def test_receptive_field_by_perturbation(arch, sizes, n_layers):
     """Output p depends on input t exactly when reach_after(p) <= t <= p: sliding_window
-    L·(w - 1) positions back, block_local its own block at any depth, s2 about G/2 per layer."""
-    model = sharp_model(arch, n_layers=n_layers, window=5 if arch == "sliding_window" else None)
+    L·(w - 1) positions back, block_local its own block at any depth, s2 about G/2 per layer
+    (sizes set, or their defaults from N and S)."""
+    model = sharp_model(arch, n_layers=n_layers, **sizes)
     t_len = 3 * N
     tokens = random_tokens(1, t_len)
     with torch.no_grad():
@@ -118,7 +118,7 @@ def test_receptive_field_by_perturbation(arch, n_layers):
 
 def test_block_local_never_crosses_a_block_at_any_depth():
     model = sharp_model("block_local", n_layers=4)
-    b = model.cfg.window
+    b = model.cfg.block_len
     tokens = random_tokens(1, 4 * b)
     with torch.no_grad():
         base = model(tokens)[0]
@@ -199,16 +199,29 @@ def test_default_window_matches_ecp_entries(n, s):
 
 
 def test_default_block_is_ecp_one_layer_reach():
-    assert ModelConfig(arch="block_local", seq_len=64, num_segments=4).resolved().window == 32
-    assert ModelConfig(arch="block_local", seq_len=64, window=7).resolved().window == 7
+    assert ModelConfig(arch="block_local", seq_len=64, num_segments=4).resolved().block_len == 32
+    assert ModelConfig(arch="block_local", seq_len=64, block_len=7).resolved().block_len == 7
+
+
+def test_default_group_is_ecp_segment():
+    cfg = ModelConfig(arch="s2", seq_len=64, num_segments=4)
+    assert cfg.group_len is None and cfg.resolved().group_len == 16 == cfg.segment_len
+    # Set, G needs no N divisible by S; segment_len is the pattern's period, G.
+    cfg = ModelConfig(arch="s2", seq_len=60, num_segments=8, group_len=6)
+    assert cfg.resolved().group_len == 6 == cfg.segment_len
+    model = sharp_model("s2", seq_len=60, num_segments=8, group_len=6)
+    assert model.arch.period == 6 and model.make_caches(1)[0].capacity == 6
 
 
 @pytest.mark.parametrize(("fields", "message"), [
     (dict(arch="s2", n_heads=3, d_model=48), "n_heads=3 is odd"),
-    (dict(arch="s2", seq_len=60, num_segments=4), "group seq_len/num_segments=15 is odd"),
-    (dict(arch="s2", seq_len=60, num_segments=8), "seq_len=60 is not divisible"),
+    (dict(arch="s2", seq_len=60, num_segments=4), "group_len=15 is odd"),
+    (dict(arch="s2", group_len=9), "group_len=9 is odd"),
+    (dict(arch="s2", seq_len=60, num_segments=8), "seq_len=60 is not divisible.*set group_len"),
     (dict(arch="sliding_window", seq_len=60, num_segments=8), "set window"),
-    (dict(arch="block_local", window=0), "window=0 must be a positive integer"),
+    (dict(arch="block_local", seq_len=60, num_segments=8), "set block_len"),
+    (dict(arch="block_local", block_len=0), "block_len=0 must be a positive integer"),
+    (dict(arch="s2", group_len=-2), "group_len=-2 must be a positive integer"),
     (dict(arch="sliding_window", window=2.5), "window=2.5 must be an integer"),
 ])
 def test_bad_sizes_are_refused(fields, message):

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from ecp_lm.evaluate.core import per_position_loss, score_stream, score_stream_cached
+from ecp_lm.evaluate.positions import per_position_loss
+from ecp_lm.evaluate.scoring import score_stream, score_stream_cached
 from ecp_lm.model import loss as chunked
 from ecp_lm.model.loss import chunk_rows, linear_cross_entropy
 from helpers import TINY, random_tokens, sharp_model

@@ -36,7 +36,7 @@ def test_ecp_forward_at_an_offset_is_one_graph():
 @pytest.mark.parametrize("arch", ["ecp", "sliding_window", "transformer", "perceiver_ar"])
 def test_training_loss_is_one_graph(arch):
     """What train.compile compiles (the task's loss: forward and cross-entropy) is one graph."""
-    from ecp_lm.model.model import next_token_loss
+    from ecp_lm.model.loss import next_token_loss
 
     model = sharp_model(arch).train()
     tokens = random_tokens(2, N + 1)

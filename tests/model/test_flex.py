@@ -8,11 +8,13 @@ import pytest
 import torch
 
 from ecp_lm import ModelConfig
-from ecp_lm.bench.core import CreatedBytes
+from ecp_lm.bench.core import CreatedBytes, bench_sizes
 from ecp_lm.model.archs import architecture
+from ecp_lm.model.archs.double import DoubleMask
+from ecp_lm.model.archs.transformer import CausalMask
 from ecp_lm.model.kernels import flex
 from ecp_lm.model.kernels.flex import BLOCK
-from ecp_lm.model.kernels.masks import CausalMask, DoubleMask, materialize
+from ecp_lm.model.kernels.masks import materialize
 from ecp_lm.model.kernels.sdpa import reference_attention
 from ecp_lm.model.rows import Rows
 from helpers import random_tokens, sharp_model
@@ -25,10 +27,11 @@ BAND_CASES = {
     "ecp_m256": dict(arch="ecp", seq_len=1024),
     "sliding_window_w100": dict(arch="sliding_window", window=100),
     "sliding_window_w300": dict(arch="sliding_window", window=300),
-    "block_local_b96": dict(arch="block_local", window=96),
-    "block_local_b256": dict(arch="block_local", window=256),
+    "block_local_b96": dict(arch="block_local", block_len=96),
+    "block_local_b256": dict(arch="block_local", block_len=256),
     "s2_g96_4heads": dict(arch="s2", seq_len=384, n_heads=4),
     "s2_g256": dict(arch="s2", seq_len=1024),
+    "s2_g80": dict(arch="s2", group_len=80),  # set, without N divisible by S in mind
 }
 # Key rows: shorter than a block, exactly one and two, and not multiples of it.
 LENGTHS = [1, 100, 128, 200, 256, 300, 520]
@@ -167,7 +170,7 @@ def test_building_a_band_block_mask_allocates_linear_memory(arch_name, device):
     allocated = {}
     for t in (16_384, 65_536):
         cfg = ModelConfig(arch=arch_name, d_model=64, n_heads=8, seq_len=t,
-                          **architecture(arch_name).bench_sizes(t, 256))
+                          **bench_sizes(arch_name, t, 256))
         arch = architecture(arch_name)(cfg)
         with CreatedBytes() as mode:
             flex.band_block_mask(arch.mask, arch.flex_bands(8), 0, 0, t, t, torch.device(device))

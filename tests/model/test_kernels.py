@@ -115,8 +115,8 @@ def test_ecp_kernel_has_no_quadratic_tensor(monkeypatch):
 @pytest.mark.parametrize("length", [1, 8, 9, 40])
 def test_ecp_kernels_agree_with_the_dense_reference(length, native_kernel):
     """The segment-pair kernels, forward and backward, against the materialised mask."""
+    from ecp_lm.model.archs.ecp import SegmentPairMask
     from ecp_lm.model.kernels import sdpa as kernels
-    from ecp_lm.model.kernels.masks import SegmentPairMask
     from ecp_lm.model.kernels.segment_lse import segment_pairs_lse
 
     m, pos = 8, torch.arange(length)

@@ -2,13 +2,10 @@
 
 import torch
 
-from ecp_lm.model.kernels.masks import (
-    CausalMask,
-    DoubleMask,
-    SegmentPairMask,
-    materialize,
-    show,
-)
+from ecp_lm.model.archs.double import DoubleMask
+from ecp_lm.model.archs.ecp import SegmentPairMask
+from ecp_lm.model.archs.transformer import CausalMask
+from ecp_lm.model.kernels.masks import materialize, show
 
 
 def grid(mask, q, kv) -> str:

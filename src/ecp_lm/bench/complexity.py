@@ -12,7 +12,7 @@ compressed_double's later layers hold p compressed history rows instead of h. Tw
     the research's convention: every query block is scored against its whole key block, causal
     triangles counted in full (ECP: (2S - 1)·m² per layer, i.e. (2S - 1)/S² of full attention;
     sliding_window: blocks of w queries against their previous block and themselves; block_local
-    and s2: each block's square).
+    and s2: the square of each block of b, each group of G).
 
 FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each cost one multiply-add
 (2 FLOPs) per entry and per channel, summed over heads (n_heads · head_dim = d_model). Projections,
@@ -27,10 +27,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ecp_lm.config import ModelConfig
+from ecp_lm.config import OWN_SIZES, ModelConfig
 
 FLOPS_PER_ENTRY_PER_CHANNEL = 4
 """QKᵀ and PV: one multiply-add (2 FLOPs) each per score entry and per channel of d_model."""
+
+SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
+              "block_len": "b", "group_len": "G"}
+"""The size fields a cost reports (where the architecture's ``size_fields`` hold them), and
+their symbols in the table."""
 
 
 @dataclass(frozen=True)
@@ -46,11 +51,15 @@ class AttentionCost:
     latent_len: int | None
     """l (perceiver family only, else None)."""
     num_segments: int | None
-    """S (ecp, ssplit and s2 only, else None)."""
+    """S (ecp and ssplit only, else None)."""
     compressed_len: int | None
     """p (compressed_double only, else None)."""
     window: int | None
-    """w (sliding_window and block_local only, else None)."""
+    """w (sliding_window only, else None)."""
+    block_len: int | None
+    """b (block_local only, else None)."""
+    group_len: int | None
+    """G (s2 only, else None)."""
     entries_per_layer: tuple[int | float, ...]
     """Exact (query, key) pairs the mask allows, over the rows each layer queries (per head; the
     mean over heads where the mask differs between heads, as for s2)."""
@@ -126,7 +135,7 @@ def attention_cost(cfg: ModelConfig) -> AttentionCost:
     arch = architecture(cfg.arch)(cfg)
     per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
     sizes = {name: getattr(arch.cfg, name) if name in arch.size_fields else None
-             for name in ("latent_len", "num_segments", "compressed_len", "window")}
+             for name in SIZE_NAMES}
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
         **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
@@ -145,8 +154,9 @@ def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str]) -> list
     costs = []
     for arch in archs:
         own = {**fields, "arch": arch}
-        if "window" not in architecture(arch).size_fields:  # sizes only the windowed patterns
-            own.pop("window", None)
+        for name in OWN_SIZES:  # each sizes one pattern only: dropped for the others
+            if name not in architecture(arch).size_fields:
+                own.pop(name, None)
         try:
             cfg = ModelConfig.from_dict(own)
         except ValueError as err:
@@ -167,9 +177,9 @@ def _run_lengths(values: Iterable[int]) -> str:
 
 
 def _sizes(cost: AttentionCost) -> str:
-    parts = [("l", cost.latent_len), ("S", cost.num_segments), ("p", cost.compressed_len),
-             ("w", cost.window)]
-    return " ".join(f"{name}={value}" for name, value in parts if value is not None) or "-"
+    """The pattern's own sizes, each under its symbol: ``l=1024 S=16``, ``w=194``, ``b=256``."""
+    parts = ((symbol, getattr(cost, name)) for name, symbol in SIZE_NAMES.items())
+    return " ".join(f"{symbol}={value}" for symbol, value in parts if value is not None) or "-"
 
 
 def format_table(costs: list[AttentionCost]) -> str:

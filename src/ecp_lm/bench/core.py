@@ -1,37 +1,19 @@
-"""``ecp bench``: training-step speed and memory of every architecture against sequence length.
-
-For each (architecture, N) a fresh subprocess builds the model at the same size (d_model, layers,
-heads; ECP and s-Split segments of ``segment_len``), runs warm-up training steps (forward,
-backward, AdamW) and then times ``repeats`` more, keeping the median. It reports tokens/s, peak
-memory (CUDA: max allocated; CPU: growth of the resident set from just before the first step),
-the attention share of the step time (the step timed again with attention replaced by a
-pass-through of the queries: share = 1 - that time / full time), and the analytic attention
-cost from ``ecp complexity``. Ratios to the transformer compare measurements of one run.
+"""What every ``ecp bench`` measurement shares: the benchmarked size (``BenchSpec``) and the
+model configuration it gives each architecture, peak-memory and timing helpers, and the
+training step the benchmarks time.
 """
 
 from __future__ import annotations
 
-import json
 import resource
-import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, replace
-from functools import partial
-from typing import Any
+from dataclasses import dataclass
 
 import torch
-from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ecp_lm.bench.complexity import attention_cost
-from ecp_lm.config import ModelConfig
-from ecp_lm.model import build_model
-from ecp_lm.runtime import DTYPES, torch_threads
+from ecp_lm.config import ModelConfig, architecture
 
 
 @dataclass
@@ -59,29 +41,39 @@ class BenchSpec:
     """Time the steps again with attention passed through, for its share of the step."""
 
 
-def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
-    """The benchmarked size: segments of ``spec.segment_len`` as each architecture reads them
-    (``Architecture.bench_sizes``: ECP and s2 S = N / m, s-Split S = (N/2) / m, sliding_window
-    ECP's cost, block_local blocks of 2m)."""
-    from ecp_lm.model.archs import architecture
+def whole_segments(length: int, segment_len: int, name: str = "seq_len=") -> int:
+    """How many segments of ``segment_len`` make up ``length`` (ValueError unless exactly);
+    ``name`` labels the length."""
+    if length % segment_len:
+        raise ValueError(f"{name}{length} is not divisible by segment_len={segment_len}")
+    return max(1, length // segment_len)
 
+
+SEGMENT_SIZED = ("num_segments", "window", "block_len", "group_len")
+"""The size fields whose value (or default) follows from the segments."""
+
+
+def bench_sizes(arch: str, seq_len: int, segment_len: int) -> dict[str, int]:
+    """The fields that size ``arch`` at window N = ``seq_len`` with segments of ``segment_len``
+    m: the S whose segment (``ModelConfig.segment_len``: N / S, s-Split's history h / S) is m.
+    The local baselines' sizes follow from S by their own defaults: sliding_window's window of
+    ECP's cost, block_local's blocks of 2m, s2's groups of m."""
+    span = ModelConfig(arch=arch, seq_len=seq_len, num_segments=1).segment_len
+    if not any(name in architecture(arch).size_fields for name in SEGMENT_SIZED):
+        return {"num_segments": max(1, span // segment_len)}  # unused by the pattern
+    name = "seq_len=" if span == seq_len else "history length "
+    return {"num_segments": whole_segments(span, segment_len, name)}
+
+
+def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
+    """The benchmarked size (``bench_sizes``: ECP S = N / m, s-Split S = (N/2) / m,
+    sliding_window ECP's cost, block_local blocks of b = 2m, s2 groups of G = m)."""
     try:
-        sizes = architecture(arch).bench_sizes(seq_len, spec.segment_len)
+        sizes = bench_sizes(arch, seq_len, spec.segment_len)
     except ValueError as err:
         raise ValueError(f"{arch}: {err}") from err
     return ModelConfig(arch=arch, vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
                        n_heads=spec.n_heads, seq_len=seq_len, **sizes)
-
-
-def _pass_through(q, k, v, rows):
-    """Attention replaced by its queries (keys and values still receive a zero gradient)."""
-    return q + (k.sum() + v.sum()) * 0.0
-
-
-def pass_attention_through(model) -> None:
-    """Replace every layer's attention by ``_pass_through``."""
-    for block in model.blocks:
-        block.attn._attend = _pass_through
 
 
 def memory_mark(device: torch.device) -> int:
@@ -145,525 +137,20 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[flo
     return times
 
 
-def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
-    """One (arch, N) case in this process. Compiled, the attention share is not measured (the
-    pass-through would be another compilation) and is None."""
-    from ecp_lm.runtime import autocast, resolve_precision
-
-    if spec.threads:
-        torch.set_num_threads(spec.threads)
-    torch.manual_seed(0)
-    cfg = model_config(arch, seq_len, spec)
-    device = torch.device(spec.device)
-    model = build_model(cfg).to(device)
-    model.activation_checkpointing = spec.checkpointing
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    tokens = torch.randint(0, 256, (spec.batch_size, seq_len + 1), device=device)
-    precision = resolve_precision(spec.precision, device)
-    loss = torch.compile(model.loss, fullgraph=True) if spec.compile else model.loss
-    mark = memory_mark(device)
-    with autocast(precision, device), _kernels_run(model) as kernels:
-        times = time_steps(model, optimizer, tokens, spec, loss)
-        peak = peak_bytes(device, mark)
-        bare = None
-        if spec.attention_share and not spec.compile:
-            pass_attention_through(model)
-            bare = statistics.median(time_steps(model, optimizer, tokens, spec))
-        share = (product_share(model, optimizer, tokens, loss)
-                 if spec.profile and device.type == "cpu" else None)
-    step = statistics.median(times)
-    attention = None if bare is None else max(step - bare, 0.0)
-    cost = attention_cost(cfg)
-    return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),
-            "compiled": spec.compile, "precision": precision, "checkpointing": spec.checkpointing,
-            "step_s": step, "tokens_per_s": spec.batch_size * seq_len / step,
-            "peak_mib": peak / 2**20, "attention_s": attention,
-            "attention_share": None if attention is None else attention / step,
-            "attention_entries": cost.entries, "attention_flops": cost.flops,
-            "tile_ratio_to_full": cost.tile_ratio_to_full, "times_s": times,
-            "kernel": ",".join(sorted(kernels)), "product_share": share,
-            "product_s": None if share is None else share * step}
-
-
-PRODUCT_KERNELS = frozenset({
-    "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm",
-    "aten::_scaled_dot_product_flash_attention_for_cpu",
-    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
-    "ecp_lm_native::band_attention_forward", "ecp_lm_native::band_attention_backward"})
-"""The kernels of a step's matrix products and attention: library calls that compiling the
-step leaves as they are (inductor calls the same ones); every other operation is one it may
-fuse."""
-
-
-def product_share(model, optimizer, tokens, loss=None) -> float:
-    """The share of one training step's wall time (under torch's profiler, on CPU) spent inside
-    ``PRODUCT_KERNELS``: the step with everything else removed is this share of it, so
-    1 / share bounds what fusing the rest can gain."""
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
-        start = time.perf_counter()
-        train_step(loss or model.loss, tokens, optimizer)
-        wall = time.perf_counter() - start
-    inside = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in PRODUCT_KERNELS)
-    return min(inside / 1e6 / wall, 1.0)
-
-
-@contextmanager
-def _kernels_run(model) -> Iterator[set[str]]:
-    """The names of the attention kernels the model's layers run while the block runs."""
-    arch, ran = model.arch, set()
-    choose = arch.kernel_for
-
-    def recording(*args, **kwargs):
-        kernel = choose(*args, **kwargs)
-        ran.add(kernel)
-        return kernel
-
-    arch.kernel_for = recording
-    try:
-        yield ran
-    finally:
-        del arch.kernel_for
-
-
-def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,
-        progress: bool = True) -> list[dict[str, Any]]:
-    """Every case in its own subprocess (clean peak memory), in order."""
-    results = []
-    for seq_len in seq_lens:
-        for arch in archs:
-            if progress:
-                print(f"  bench {arch:>17} N={seq_len:>6} ...", file=sys.stderr, flush=True)
-            cmd = [sys.executable, "-m", "ecp_lm.bench.core", arch, str(seq_len),
-                   json.dumps(asdict(spec))]
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                tail = (done.stderr.strip().splitlines() or ["failed"])[-1]
-                raise RuntimeError(f"bench case {arch} N={seq_len} failed: {tail}")
-            results.append(json.loads(done.stdout.strip().splitlines()[-1]))
-    return add_ratios(results)
-
-
-def add_ratios(results: list[dict[str, Any]], reference: str = "transformer"
-               ) -> list[dict[str, Any]]:
-    """Measured and analytic ratios to the ``reference`` architecture (full attention) at the
-    same N, when it was run."""
-    base = {r["seq_len"]: r for r in results if r["arch"] == reference}
-    for r in results:
-        t = base.get(r["seq_len"])
-        r["time_ratio_to_transformer"] = r["step_s"] / t["step_s"] if t else None
-        r["attention_time_ratio"] = (r["attention_s"] / t["attention_s"]
-                                     if t and r["attention_s"] is not None and t["attention_s"]
-                                     else None)
-        r["attention_entries_ratio"] = (r["attention_entries"] / t["attention_entries"]
-                                        if t else None)
-    return results
-
-
-def format_table(results: list[dict[str, Any]]) -> str:
-    def fmt(x, spec):
-        return "-" if x is None else format(x, spec)
-
-    lines = [f"{'arch':<18}{'N':>7}{'tok/s':>10}{'peak MiB':>10}{'attn share':>11}"
-             f"{'time/tfm':>10}{'attn time/tfm':>14}{'attn entries/tfm':>17}"]
-    for r in results:
-        lines.append(f"{r['arch']:<18}{r['seq_len']:>7}{r['tokens_per_s']:>10,.0f}"
-                     f"{r['peak_mib']:>10,.0f}{fmt(r['attention_share'], '>11.0%')}"
-                     f"{fmt(r['time_ratio_to_transformer'], '>10.3f')}"
-                     f"{fmt(r['attention_time_ratio'], '>14.3f')}"
-                     f"{fmt(r['attention_entries_ratio'], '>17.3f')}")
-    lines.append("time/tfm: training-step time / the transformer's at the same N; attn time: "
-                 "the step's attention time; attn entries: analytic unmasked score entries")
-    return "\n".join(lines)
-
-
-def plot(results: list[dict[str, Any]], out: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from ecp_lm.plot import save_png
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    for arch in dict.fromkeys(r["arch"] for r in results):
-        rows = [r for r in results if r["arch"] == arch]
-        x = [r["seq_len"] for r in rows]
-        ax1.plot(x, [r["tokens_per_s"] for r in rows], marker="o", label=arch)
-        ax2.plot(x, [r["peak_mib"] for r in rows], marker="o", label=arch)
-    for ax, label in ((ax1, "training tokens/s"), (ax2, "peak memory (MiB)")):
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("sequence length N")
-        ax.set_ylabel(label)
-        ax.grid(alpha=0.3, which="both")
-    ax1.legend(fontsize=8)
-    fig.tight_layout()
-    save_png(fig, out, dpi=110)
-
-
-# Training modes: eager and compiled, fp32 and bf16 ----------------------------------------------
-
-TRAIN_MODES = ((False, "fp32"), (True, "fp32"), (False, "bf16"), (True, "bf16"))
-"""(compiled, precision) of ``run_train_modes``; the first is the reference."""
-
-
-def run_train_modes(archs: list[str], seq_lens: list[int], spec: BenchSpec,
-                    progress: bool = True) -> list[dict[str, Any]]:
-    """Every (arch, N) in each of ``TRAIN_MODES``, each in its own subprocess, with its tokens/s
-    as a ratio to the eager fp32 step of the same run, and its FLOP floor (``add_flop_floor``:
-    the step's matrix-product FLOPs at the matrix-product rate measured here, on the cases'
-    threads, before and after them)."""
-    device, precisions = torch.device(spec.device), sorted({p for _, p in TRAIN_MODES})
-
-    def rates() -> dict[str, float]:
-        with torch_threads(spec.threads):
-            return {name: matmul_rate(device, DTYPES[name], spec.d_model) for name in precisions}
-
-    before = rates()  # measured before and after the cases: the faster counts
-    rows = []
-    for compiled, precision in TRAIN_MODES:
-        rows += run(archs, seq_lens, replace(spec, compile=compiled, precision=precision,
-                                             profile=True), progress)
-    base = {(r["arch"], r["seq_len"]): r for r in rows
-            if (r["compiled"], r["precision"]) == TRAIN_MODES[0]}
-    for r in rows:
-        r["speedup"] = r["tokens_per_s"] / base[(r["arch"], r["seq_len"])]["tokens_per_s"]
-    after = rates()
-    flops = {case: step_flops(model_config(*case, spec), spec.batch_size) for case in base}
-    add_flop_floor(rows, {name: max(before[name], after[name]) for name in precisions}, flops)
-    return rows
-
-
-def matmul_rate(device: torch.device, dtype: torch.dtype, d_model: int, rows: int = 1024,
-                repeats: int = 10) -> float:
-    """FLOP/s of this machine's matrix products in ``dtype``: the fastest of ``repeats``
-    products (2·M·K·N FLOPs each) of each shape, a square of side ``rows`` and the three a
-    block of width ``d_model`` runs on ``rows`` tokens (d -> d, d -> 4d, 4d -> d). The fastest,
-    not the median: on a shared machine the slower ones measure its neighbours."""
-    best = 0.0
-    for m, k, n in ((rows, rows, rows), (rows, d_model, d_model),
-                    (rows, d_model, 4 * d_model), (rows, 4 * d_model, d_model)):
-        a = torch.randn(m, k, device=device).to(dtype)
-        b = torch.randn(k, n, device=device).to(dtype)
-        times = _seconds(partial(torch.matmul, a, b), device, repeats)
-        best = max(best, 2 * m * k * n / min(times))
-    return best
-
-
-def step_flops(cfg: ModelConfig, batch: int) -> int:
-    """Matrix-product FLOPs of one training step on ``batch`` windows of ``cfg``: three times the
-    forward's (the backward runs two products for each product of the forward: the gradients of
-    both operands). The forward's are those of the linear maps, counted by torch's
-    ``FlopCounterMode`` over a forward with attention passed through, plus attention's
-    (``attention_cost``: 4 · d_model per attended entry)."""
-    from torch.utils.flop_counter import FlopCounterMode
-
-    with torch.device("meta"):
-        model = build_model(cfg)
-        tokens = torch.zeros(batch, cfg.seq_len, dtype=torch.long)
-    pass_attention_through(model)
-    with torch.no_grad(), FlopCounterMode(display=False) as counter:
-        model(tokens)
-    return 3 * (counter.get_total_flops() + batch * attention_cost(cfg).flops)
-
-
-def add_flop_floor(rows: list[dict[str, Any]], rates: dict[str, float],
-                   flops: dict[tuple[str, int], int]) -> None:
-    """Each row's FLOP floor: its step's FLOPs (``flops`` by (arch, N)) at the matrix-product
-    rate of its precision (``rates``, FLOP/s; every product counted at that rate), and its step
-    time over that floor: the most any faster path to the same products could gain."""
-    for r in rows:
-        r["step_flops"] = flops[(r["arch"], r["seq_len"])]
-        r["matmul_flop_s"] = rates[r["precision"]]
-        r["floor_s"] = r["step_flops"] / r["matmul_flop_s"]
-        r["ratio_to_floor"] = r["step_s"] / r["floor_s"]
-
-
-def format_train_modes(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'arch':<15}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}{'÷ eager fp32':>14}"
-             f"{'GFLOP':>8}{'floor ms':>10}{'÷ floor':>9}{'in products':>13}"]
-    for r in rows:
-        share = "-" if r.get("product_share") is None else f"{r['product_share']:.0%}"
-        lines.append(f"{r['arch']:<15}{r['seq_len']:>7}"
-                     f"{'compiled' if r['compiled'] else 'eager':>10}{r['precision']:>10}"
-                     f"{r['tokens_per_s']:>10,.0f}{r['speedup']:>14.2f}"
-                     f"{r['step_flops'] / 1e9:>8.1f}{1e3 * r['floor_s']:>10.1f}"
-                     f"{r['ratio_to_floor']:>9.2f}{share:>13}")
-    rates = {r["precision"]: r["matmul_flop_s"] for r in rows}
-    lines.append("matrix products: " + ", ".join(f"{name} {rate / 1e9:,.0f} GFLOP/s"
-                                                for name, rate in rates.items()))
-    for r in rows:
-        if (r["compiled"], r["precision"]) != TRAIN_MODES[0]:
-            continue
-        line = (f"{r['arch']} N={r['seq_len']}: the eager fp32 step is "
-                f"{r['ratio_to_floor']:.2f}× its FLOP floor")
-        if r.get("product_share") is not None:
-            line += (f"; {r['product_share']:.0%} of it runs in matrix products and attention "
-                     f"kernels, so fusing all the rest gains at most "
-                     f"{1 / r['product_share']:.2f}×")
-        lines.append(line)
-    return "\n".join(lines)
-
-
-# Activation checkpointing ------------------------------------------------------------------------
-
-def run_checkpointing(archs: list[str], seq_lens: list[int], spec: BenchSpec,
-                      progress: bool = True) -> list[dict[str, Any]]:
-    """Every (arch, N) trained without and then with activation checkpointing, each in its own
-    subprocess (without the attention-share timing), with the peak memory and step time of the
-    second as ratios to the first: ``memory_ratio`` and ``time_ratio``."""
-    rows = []
-    for seq_len in seq_lens:
-        for arch in archs:
-            for checkpointing in (False, True):
-                case = replace(spec, checkpointing=checkpointing, attention_share=False)
-                rows += run([arch], [seq_len], case, progress)
-    base = {(r["arch"], r["seq_len"]): r for r in rows if not r["checkpointing"]}
-    for r in rows:
-        without = base[(r["arch"], r["seq_len"])]
-        r["memory_ratio"] = r["peak_mib"] / without["peak_mib"] if without["peak_mib"] else None
-        r["time_ratio"] = r["step_s"] / without["step_s"]
-    return rows
-
-
-def format_checkpointing(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'arch':<12}{'N':>7}{'checkpointing':>14}{'step s':>9}{'tok/s':>9}"
-             f"{'peak MiB':>10}{'peak ÷ off':>11}{'time ÷ off':>11}"]
-    for r in rows:
-        memory = "-" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}"
-        lines.append(f"{r['arch']:<12}{r['seq_len']:>7}{'on' if r['checkpointing'] else 'off':>14}"
-                     f"{r['step_s']:>9.2f}{r['tokens_per_s']:>9,.0f}{r['peak_mib']:>10,.0f}"
-                     f"{memory:>11}{r['time_ratio']:>11.2f}")
-    lines.append("one training step (forward, backward, AdamW); peak: growth of the resident set "
-                 "(CPU) or the allocator's maximum (CUDA) over the steps")
-    return "\n".join(lines)
-
-
-# Decoding ----------------------------------------------------------------------------------------
-
-def decode_configs(max_len: int, steps: int, spec: BenchSpec) -> dict[str, ModelConfig]:
-    """ECP with m = segment_len (a 2m-slot cache) and a transformer whose window holds the
-    longest sequence, at the same size."""
-    size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
-                n_heads=spec.n_heads)
-    window = 8 * spec.segment_len
-    return {"ecp": ModelConfig(arch="ecp", seq_len=window, num_segments=8, **size),
-            "transformer": ModelConfig(arch="transformer", seq_len=max_len + steps, **size)}
-
-
-@torch.no_grad()
-def decode_case(model, length: int, steps: int) -> dict[str, Any]:
-    """Prefill length - 1 tokens, then the median latency of ``steps`` single-token decode
-    steps, and the bytes of the filled cache slots afterwards."""
-    device = next(model.parameters()).device
-    tokens = torch.randint(0, 256, (1, length - 1 + steps),
-                           generator=torch.Generator().manual_seed(length)).to(device)
-    caches = model.make_caches(1, device)
-    model.prefill(tokens[:, :length - 1], caches)
-    times = []
-    for i in range(steps):
-        pos = length - 1 + i
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        model.decode_one_token(tokens[:, pos:pos + 1], pos, caches)
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"length": length, "ms_per_token": 1e3 * statistics.median(times),
-            "cache_bytes": sum(c.nbytes(used_only=True) for c in caches),
-            "cache_bytes_allocated": sum(c.nbytes() for c in caches)}
-
-
-def run_decode(lengths: list[int], steps: int, spec: BenchSpec,
-               progress: bool = True) -> dict[str, list[dict[str, Any]]]:
-    torch.manual_seed(0)
-    out: dict[str, list[dict[str, Any]]] = {}
-    for arch, cfg in decode_configs(max(lengths), steps, spec).items():
-        model = build_model(cfg).to(spec.device).eval()
-        out[arch] = []
-        for length in lengths:
-            if progress:
-                print(f"  decode {arch:>11} L={length} ...", file=sys.stderr, flush=True)
-            out[arch].append(decode_case(model, length, steps))
-    return out
-
-
-def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
-    lines = [f"{'length':>7} {'ecp ms/tok':>11} {'tfm ms/tok':>11} {'ecp cache KiB':>14} "
-             f"{'tfm cache KiB':>14}"]
-    for e, t in zip(rows["ecp"], rows["transformer"], strict=True):
-        lines.append(f"{e['length']:>7} {e['ms_per_token']:>11.2f} {t['ms_per_token']:>11.2f} "
-                     f"{e['cache_bytes'] / 1024:>14,.0f} {t['cache_bytes'] / 1024:>14,.0f}")
-    for arch, points in rows.items():
-        ratio = points[-1]["ms_per_token"] / points[0]["ms_per_token"]
-        lines.append(f"{arch}: latency at {points[-1]['length']} / at {points[0]['length']} "
-                     f"= {ratio:.2f}")
-    return "\n".join(lines)
-
-
-# Decoding modes: library, eager and compiled against the memory-bandwidth floor ------------------
-
-DECODE_WARMUP = 3
-"""Untimed decode steps before the timed ones (the first compiles)."""
-TURN_WARMUP = 2
-"""Untimed decode steps at the start of each mode's turn: they bring its weights and caches back
-into the CPU's caches after the other modes' turns (a generation runs one mode throughout)."""
-
-
-def _sync(device: torch.device) -> None:
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA; on CPU nothing is queued)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
-def _seconds(work, device: torch.device, repeats: int) -> list[float]:
+def call_seconds(work, device: torch.device, repeats: int) -> list[float]:
     """Seconds of each of ``repeats`` calls of ``work``, after one untimed call."""
     work()
     times = []
     for _ in range(repeats):
-        _sync(device)
+        synchronize(device)
         start = time.perf_counter()
         work()
-        _sync(device)
+        synchronize(device)
         times.append(time.perf_counter() - start)
     return times
-
-
-def copy_bandwidth(device: torch.device, mib: int = 256, repeats: int = 5) -> float:
-    """Bytes per second this machine moves copying a buffer far larger than its caches: each
-    byte is read once and written once, and both count (median of ``repeats`` copies)."""
-    src = torch.rand(mib * 2**20 // 4, device=device)
-    dst = torch.empty_like(src)
-    times = _seconds(lambda: dst.copy_(src), device, repeats)
-    return 2 * src.numel() * src.element_size() / statistics.median(times)
-
-
-def decode_mode_configs(length: int, spec: BenchSpec) -> dict[str, ModelConfig]:
-    """ECP (segments of ``spec.segment_len``) and the transformer with a window of ``length``."""
-    size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
-                n_heads=spec.n_heads, seq_len=length)
-    return {"ecp": ModelConfig(arch="ecp", num_segments=length // spec.segment_len, **size),
-            "transformer": ModelConfig(arch="transformer", **size)}
-
-
-DECODE_MODES = ("library", "eager", "compiled")
-"""The decode modes ``decode_modes_of_batch`` times: the eager step on library kernels
-(``nn.Linear``'s matrix products and SDPA, as decoding ran before the native decode kernels),
-the eager step, and the compiled step (``generate(..., compile=True)``)."""
-
-
-class _DecodeStream:
-    """One mode's decoding of a batch: its own caches, filled by the prompt, then greedy steps
-    timed one by one (``decode_step`` eager over the slots in use, or compiled over the whole
-    ring, as ``generate`` runs them)."""
-
-    def __init__(self, model, prompt: Tensor, mode: str):
-        from ecp_lm.generation import compiled_decode_step
-
-        self.mode, self.compiled, self.times = mode, mode == "compiled", []
-        self.caches = model.make_caches(prompt.size(0), prompt.device)
-        self.token = model.prefill(prompt, self.caches)[:, -1].argmax(-1, keepdim=True)
-        self.pos = torch.full((prompt.size(0),), prompt.size(1), dtype=torch.long,
-                              device=prompt.device)
-        self.step = compiled_decode_step(model) if self.compiled else model.decode_step
-
-    def run(self, steps: int, timed: bool = True) -> None:
-        from ecp_lm.model.kernels.native import library_decode
-
-        device = self.pos.device
-        with library_decode() if self.mode == "library" else nullcontext():
-            for _ in range(steps):
-                span = None if self.compiled else self.caches[0].slots_in_use(ahead=1)
-                _sync(device)
-                start = time.perf_counter()
-                logits = self.step(self.token, self.pos, self.caches, span)
-                self.token = logits.argmax(-1, keepdim=True)
-                _sync(device)
-                if timed:
-                    self.times.append(time.perf_counter() - start)
-                self.pos = self.pos + 1
-                for cache in self.caches:
-                    cache.advance()
-
-
-@torch.no_grad()
-def decode_modes_of_batch(model, batch: int, steps: int, rounds: int, bandwidth: float
-                          ) -> list[dict[str, Any]]:
-    """Each of ``DECODE_MODES`` decoding ``batch`` rows, each after a prompt of half the window:
-    three untimed steps of each (the compilation among them), then ``rounds`` turns of
-    ``steps // rounds`` timed steps of each, so that the modes meet the machine in the same
-    states (its speed drifts over seconds), each turn after ``TURN_WARMUP`` untimed steps. Per
-    mode, the median step; the floor is the bytes a step must read, the parameters once and
-    each row's cache slots in use, at the measured ``bandwidth``."""
-    device = next(model.parameters()).device
-    prompt = torch.randint(0, 256, (batch, model.cfg.seq_len // 2), device=device,
-                           generator=torch.Generator(device=device).manual_seed(batch))
-    streams = [_DecodeStream(model, prompt, mode) for mode in DECODE_MODES]
-    for stream in streams:
-        stream.run(DECODE_WARMUP, timed=False)
-    for _ in range(rounds):
-        for stream in streams:
-            stream.run(TURN_WARMUP, timed=False)
-            stream.run(steps // rounds)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    rows = []
-    for stream in streams:
-        seconds = statistics.median(stream.times)
-        cache_bytes = sum(c.nbytes(used_only=True) for c in stream.caches)  # every row's
-        floor = (params + cache_bytes) / bandwidth
-        rows.append({"arch": model.cfg.arch, "batch": batch, "mode": stream.mode,
-                     "ms_per_step": 1e3 * seconds, "tokens_per_s": batch / seconds,
-                     "param_bytes": params, "cache_bytes": cache_bytes,
-                     "floor_ms": 1e3 * floor, "ratio_to_floor": seconds / floor})
-    return rows
-
-
-def run_decode_modes(spec: BenchSpec, length: int = 1024, batches: tuple[int, ...] = (1, 16),
-                     steps: int = 64, rounds: int = 4, progress: bool = True) -> dict[str, Any]:
-    """Library, eager and compiled decoding of ECP and the transformer at batch sizes
-    ``batches`` (``decode_modes_of_batch``: ``steps`` timed steps of each mode, taken in
-    ``rounds`` alternating turns), with the copy bandwidth measured in the same run and each
-    case's bandwidth floor."""
-    if steps % rounds:
-        raise ValueError(f"steps={steps} must be a multiple of rounds={rounds}")
-    decoded = DECODE_WARMUP + rounds * TURN_WARMUP + steps
-    if length // 2 + decoded > length:
-        raise ValueError(f"{decoded} decode steps after {length // 2} prompt "
-                         f"tokens pass the transformer's window {length}: use a longer "
-                         "--decode-window")
-    device = torch.device(spec.device)
-    bandwidth = copy_bandwidth(device)
-    rows = []
-    for arch, cfg in decode_mode_configs(length, spec).items():
-        torch.manual_seed(0)
-        model = build_model(cfg).to(device).eval()
-        for batch in batches:
-            if progress:
-                print(f"  decode {arch:>11} batch {batch}, {', '.join(DECODE_MODES)} in turns ...",
-                      file=sys.stderr, flush=True)
-            rows += decode_modes_of_batch(model, batch, steps, rounds, bandwidth)
-    return {"length": length, "copy_bandwidth_gb_s": bandwidth / 1e9, "steps": steps,
-            "rounds": rounds, "cases": rows}
-
-
-def format_decode_modes(report: dict[str, Any]) -> str:
-    lines = [f"decoding at window {report['length']}, copy bandwidth "
-             f"{report['copy_bandwidth_gb_s']:.1f} GB/s",
-             f"{'arch':>11} {'batch':>5} {'mode':>8} {'ms/step':>8} {'tokens/s':>9} "
-             f"{'floor ms':>8} {'÷ floor':>7}"]
-    for r in report["cases"]:
-        lines.append(f"{r['arch']:>11} {r['batch']:>5} {r['mode']:>8} {r['ms_per_step']:>8.3f} "
-                     f"{r['tokens_per_s']:>9,.0f} {r['floor_ms']:>8.3f} "
-                     f"{r['ratio_to_floor']:>7.2f}")
-    by = {(r["arch"], r["batch"], r["mode"]): r for r in report["cases"]}
-    for arch, batch in dict.fromkeys((a, b) for a, b, _ in by):
-        speed = {mode: by[(arch, batch, mode)]["tokens_per_s"] for mode in DECODE_MODES}
-        lines.append(f"{arch} batch {batch}: compiled ÷ eager tokens/s = "
-                     f"{speed['compiled'] / speed['eager']:.2f}, compiled ÷ library = "
-                     f"{speed['compiled'] / speed['library']:.2f}")
-    return "\n".join(lines)
-
-
-if __name__ == "__main__":  # one case, called by run(): prints its JSON line
-    arch_, seq_len_, spec_ = sys.argv[1], int(sys.argv[2]), BenchSpec(**json.loads(sys.argv[3]))
-    print(json.dumps(run_case(arch_, seq_len_, spec_)))

@@ -2,7 +2,7 @@
 the chunked one (``models.loss``), and the loss's share of that peak.
 
 Each case runs in a fresh process (on CPU the peak is the growth of the process's maximum
-resident set, ``bench.peak_bytes``): an ECP body of the benchmark's size on ``batch_size``
+resident set, ``core.peak_bytes``): an ECP body of the benchmark's size on ``batch_size``
 windows of ``seq_len`` tokens with the head at ``vocab_size`` (default the paper's 50,257), and
 one forward and backward of
 
@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from ecp_lm.bench.core import BenchSpec, memory_mark, model_config, peak_bytes
+from ecp_lm.bench.core import BenchSpec, memory_mark, model_config, peak_bytes, synchronize
 from ecp_lm.model import build_model
-from ecp_lm.model.loss import chunk_rows
-from ecp_lm.model.model import next_token_loss
+from ecp_lm.model.loss import chunk_rows, next_token_loss
 
 LOSSES = ("hidden", "plain", "chunked")
 
@@ -76,8 +75,7 @@ def run_case(kind: str, spec: LossMemorySpec) -> dict[str, Any]:
     with autocast(precision, device):
         loss = _loss(kind, model, tokens)
     loss.backward()
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    synchronize(device)
     step = time.perf_counter() - start
     return {"loss": kind, "step_s": step, "peak_mib": peak_bytes(device, mark) / 2**20,
             "precision": precision, "params": model.num_params()}

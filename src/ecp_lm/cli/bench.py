@@ -114,7 +114,8 @@ def check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace) -> int:
     import torch
 
-    from ecp_lm.bench import core as bench
+    from ecp_lm.bench import decode, training
+    from ecp_lm.bench.core import BenchSpec, model_config
     from ecp_lm.cli.complexity import parse_archs
     from ecp_lm.fsutil import write_bytes_atomic
     from ecp_lm.outputs import check_file, is_json_report, is_png_plot
@@ -127,9 +128,9 @@ def run(args: argparse.Namespace) -> int:
         check_file(args.plot, "--plot", is_png_plot)
     check_arguments(args)
     device = str(resolve_device(args.device, "--device"))
-    spec = bench.BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
-                           args.batch_size, args.warmup, args.repeats, device,
-                           args.compile, args.precision, args.threads)
+    spec = BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
+                     args.batch_size, args.warmup, args.repeats, device,
+                     args.compile, args.precision, args.threads)
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.loss_memory:
@@ -143,46 +144,46 @@ def run(args: argparse.Namespace) -> int:
     if not args.decode_only:
         for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
             for arch in archs:
-                bench.model_config(arch, n, spec)
+                model_config(arch, n, spec)
     if args.decode_only:
         results = []
     elif args.train_modes:
-        results = bench.run_train_modes(archs, args.seq_lens, spec)
-        print(bench.format_train_modes(results))
+        results = training.run_train_modes(archs, args.seq_lens, spec)
+        print(training.format_train_modes(results))
     elif args.checkpointing:
-        results = bench.run_checkpointing(archs, args.seq_lens, spec)
-        print(bench.format_checkpointing(results))
+        results = training.run_checkpointing(archs, args.seq_lens, spec)
+        print(training.format_checkpointing(results))
     else:
-        results = bench.run(archs, args.seq_lens, spec)
-        print(bench.format_table(results))
+        results = training.run(archs, args.seq_lens, spec)
+        print(training.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        **vars(spec), "threads": torch.get_num_threads(),
                        "kernels": {r["arch"]: r["kernel"] for r in results}},
               "train": results}
     if args.decode:
-        report["decode"] = bench.run_decode(args.decode_lengths, 16, spec)
-        print(bench.format_decode(report["decode"]))
-        report["decode_modes"] = bench.run_decode_modes(spec, args.decode_window)
-        print(bench.format_decode_modes(report["decode_modes"]))
+        report["decode"] = decode.run_decode(args.decode_lengths, 16, spec)
+        print(decode.format_decode(report["decode"]))
+        report["decode_modes"] = decode.run_decode_modes(spec, args.decode_window)
+        print(decode.format_decode_modes(report["decode_modes"]))
     if args.json:
         write_bytes_atomic(Path(args.json), (json.dumps(report, indent=2) + "\n").encode())
     if args.plot and results and not (args.train_modes or args.checkpointing):
-        bench.plot(results, str(args.plot))
+        training.plot(results, str(args.plot))
     return 0
 
 
 def _loss_memory(args: argparse.Namespace, spec) -> int:
     import torch
 
-    from ecp_lm.bench import core as bench
     from ecp_lm.bench import loss as bench_loss
+    from ecp_lm.bench.core import model_config
     from ecp_lm.fsutil import write_bytes_atomic
 
     sizes = {"vocab_size": args.loss_vocab, "batch_size": args.loss_batch,
              "seq_len": args.loss_seq_len}
     loss_spec = bench_loss.LossMemorySpec(**{k: v for k, v in sizes.items() if v is not None},
                                           body=spec)
-    bench.model_config("ecp", loss_spec.seq_len, spec)  # a size that does not fit fails here
+    model_config("ecp", loss_spec.seq_len, spec)  # a size that does not fit fails here
     report = bench_loss.run(loss_spec)
     print(bench_loss.format_table(report, loss_spec))
     if args.json:

@@ -16,11 +16,12 @@ from ecp_lm.config import ARCHS, PRESETS
 SIZE_OVERRIDES = {
     "seq_len": "training window N",
     "latent_len": "latent length l of the perceiver family (default N/2)",
-    "num_segments": "S: segments per window (ECP's m and s2's group G are N/S), or s-Split's "
-                    "history segments (h/S)",
+    "num_segments": "S: segments per window (ECP's m = N/S, from which the baselines' default "
+                    "sizes are set), or s-Split's history segments (h/S)",
     "compressed_len": "p: rows compressed_double compresses the history to (default h/2)",
-    "window": "w: sliding_window's window (default: ECP's cost) or block_local's block "
-              "(default 2m)",
+    "window": "w: sliding_window's window (default: ECP's cost)",
+    "block_len": "b: block_local's block (default 2m)",
+    "group_len": "G: s2's group (default m; even)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

@@ -64,7 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ecp_lm.evaluate.core import evaluate_checkpoint
+    from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
     from ecp_lm.runtime import resolve_device
 
     resolve_device(args.device, "--device")  # here, so that an error names the option
@@ -96,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
 
 def stream_report(args: argparse.Namespace) -> dict:
     """``--stream``: the split as one stream through the caches (``stream_checkpoint``)."""
-    from ecp_lm.evaluate.core import stream_checkpoint
+    from ecp_lm.evaluate.checkpoints import stream_checkpoint
 
     for flag, value in (("--stride", args.stride), ("--seq-len", args.seq_len),
                         ("--per-position", args.per_position)):
@@ -111,7 +111,7 @@ def stream_report(args: argparse.Namespace) -> dict:
 def run_per_position(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ecp_lm.evaluate.core import per_position_checkpoint
+    from ecp_lm.evaluate.checkpoints import per_position_checkpoint
     from ecp_lm.fsutil import write_bytes_atomic
     from ecp_lm.outputs import check_file, is_json_report
 

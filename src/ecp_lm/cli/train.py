@@ -111,7 +111,7 @@ def load_config(args: argparse.Namespace):
     if not path.is_file():
         raise ValueError(f"--resume without --config reads the run's {path}, which does not "
                          f"exist; give --config")
-    return RunConfig.load(str(path), args.overrides)
+    return RunConfig.load(str(path), args.overrides, saved=True)
 
 
 def run(args: argparse.Namespace) -> int:

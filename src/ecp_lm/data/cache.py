@@ -26,7 +26,8 @@ from typing import Any
 
 import numpy as np
 
-from ecp_lm.data.sources import SPLITS, TextSource, default_cache_dir, open_source
+from ecp_lm.data.sources import default_cache_dir, open_source
+from ecp_lm.data.text_source import SPLITS, TextSource
 from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
 from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, locked
 from ecp_lm.progress import bar as progress_bar

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ecp_lm.evaluate.core import evaluate_checkpoint
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.generation import generate
 from ecp_lm.outputs import output_folder

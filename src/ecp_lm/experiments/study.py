@@ -23,7 +23,7 @@ from typing import Any
 
 from ecp_lm.bench.complexity import attention_cost
 from ecp_lm.config import ModelConfig
-from ecp_lm.evaluate.core import evaluate_checkpoint
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.probe import RecallSpec, train_probe
 from ecp_lm.fsutil import write_bytes_atomic

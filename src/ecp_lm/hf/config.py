@@ -2,8 +2,11 @@
 
 It holds exactly the fields of ``ModelConfig`` under the same names (``config.json`` reads like
 ``config.yaml``'s ``model:`` section), validated by building the ``ModelConfig`` they describe,
-so an invalid combination raises the same ``ValueError`` as ``ModelConfig`` itself.
-``tie_word_embeddings``, the name transformers reads, mirrors ``tie_embeddings``.
+so an invalid combination raises the same ``ValueError`` as ``ModelConfig`` itself. The fields
+are read as a saved model section (``ModelConfig.from_saved``): the ``config.json`` of an export
+by an earlier release, which named some sizes otherwise (block_local's ``block_len`` was
+``window``), describes the same model. ``tie_word_embeddings``, the name transformers reads,
+mirrors ``tie_embeddings``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from typing import Any, ClassVar
 
 from transformers import PretrainedConfig
 
-from ecp_lm.config import ModelConfig
+from ecp_lm.config import ModelConfig, saved_fields
 
 MODEL_TYPE = "ecp_lm"
 FIELDS = tuple(f.name for f in fields(ModelConfig))
@@ -32,6 +35,7 @@ class EcpLmConfig(PretrainedConfig):
                  n_heads: int = _DEFAULTS["n_heads"], seq_len: int = _DEFAULTS["seq_len"],
                  latent_len: int | None = None, num_segments: int = _DEFAULTS["num_segments"],
                  compressed_len: int | None = None, window: int | None = None,
+                 block_len: int | None = None, group_len: int | None = None,
                  ff_mult: int = _DEFAULTS["ff_mult"], dropout: float = _DEFAULTS["dropout"],
                  rope: str = _DEFAULTS["rope"], tied_kv: bool = _DEFAULTS["tied_kv"],
                  tie_embeddings: bool = _DEFAULTS["tie_embeddings"],
@@ -40,11 +44,13 @@ class EcpLmConfig(PretrainedConfig):
         values = dict(arch=arch, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                       n_heads=n_heads, seq_len=seq_len, latent_len=latent_len,
                       num_segments=num_segments, compressed_len=compressed_len, window=window,
-                      ff_mult=ff_mult, dropout=dropout, rope=rope, tied_kv=tied_kv,
+                      block_len=block_len, group_len=group_len, ff_mult=ff_mult,
+                      dropout=dropout, rope=rope, tied_kv=tied_kv,
                       tie_embeddings=tie_embeddings, attn_impl=attn_impl,
                       num_classes=num_classes)
-        # Validated; sizes left unset stay unset, as in ModelConfig (derived where needed).
-        for name, value in ModelConfig(**values).to_dict().items():
+        # Validated; sizes left unset stay unset, as in ModelConfig (derived where needed); the
+        # old names of renamed sizes (an earlier release's config.json) read as the new ones.
+        for name, value in ModelConfig(**saved_fields(values)).to_dict().items():
             setattr(self, name, value)
         kwargs["tie_word_embeddings"] = tie_embeddings
         super().__init__(**kwargs)

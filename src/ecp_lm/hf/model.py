@@ -24,7 +24,7 @@ from ecp_lm.generation import context_start
 from ecp_lm.hf.cache import EcpLmCache
 from ecp_lm.hf.config import EcpLmConfig
 from ecp_lm.model import LanguageModel
-from ecp_lm.model.model import next_token_loss
+from ecp_lm.model.loss import next_token_loss
 from ecp_lm.model.rope import RotaryEmbedding
 
 # The name of the cache in outputs and model inputs: ``past_key_values``, until a transformers

@@ -1,16 +1,8 @@
-"""Models: the shared skeleton and the attention patterns (loaded on first use, so that the
-architecture registry in ``model.archs`` can be read without torch)."""
+"""The model: the shared skeleton (model.py), the attention patterns (archs/), their kernels
+(kernels/), the decoding cache, the loss and context parallelism."""
 
 from __future__ import annotations
 
-from importlib import import_module
+from ecp_lm.model.model import LanguageModel, build_model
 
 __all__ = ["LanguageModel", "build_model"]
-
-
-def __getattr__(name: str) -> object:
-    if name not in __all__:
-        raise AttributeError(f"module 'ecp_lm.model' has no attribute {name!r}")
-    value = getattr(import_module("ecp_lm.model.model"), name)
-    globals()[name] = value
-    return value

@@ -128,3 +128,13 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 (grad_weight * grad_loss).to(weight_dtype),
                 None if grad_bias is None else (grad_bias * grad_loss).to(bias_dtype),
                 None, None, None, None, None)
+
+
+def next_token_loss(logits: Tensor, tokens: Tensor, reduction: str = "mean") -> Tensor:
+    """Cross-entropy of logits (B, P, V) for the last P inputs of ``tokens`` (B, T + 1), whose
+    targets are the last P tokens; computed in float32. For logits already at hand: training
+    and scoring reach the loss through ``LanguageModel.forward(..., targets=...)``, which never
+    holds them."""
+    targets = tokens[:, tokens.size(1) - logits.size(1):]  # (B, P)
+    return F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1),
+                           reduction=reduction)

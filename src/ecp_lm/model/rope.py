@@ -36,6 +36,9 @@ from torch import Tensor, nn
 
 from ecp_lm.model.rows import Rows
 
+Rotation = tuple[Tensor, Tensor]
+"""RoPE's (cos, sin) at some positions (``RotaryEmbedding.rotation``)."""
+
 TWO_PI = 2 * Fraction("3.14159265358979323846264338327950288419716939937510582097494459")
 CHUNK_BITS = 21
 N_CHUNKS = 3  # 3 x 21 bits cover every non-negative int64 position

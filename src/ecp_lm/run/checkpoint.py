@@ -114,7 +114,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
     for name in (WEIGHTS, CONFIG):
         if not (directory / name).is_file():
             raise ValueError(f"checkpoint {shown} is incomplete: {name} is missing")
-    config = RunConfig.load(str(directory / CONFIG))
+    config = RunConfig.load(str(directory / CONFIG), saved=True)
     return Checkpoint(directory, config, meta, shown)
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from ecp_lm.config import PRESETS, ModelConfig
+from ecp_lm.config import PRESETS, ModelConfig, saved_fields
 from ecp_lm.runtime import parse_device
 
 SCHEDULES = ("cosine", "halving")
@@ -187,11 +187,17 @@ class RunConfig:
                       for name, section in SECTION_TYPES.items()})
 
     @classmethod
-    def load(cls, preset_or_path: str, overrides: list[str] = ()) -> RunConfig:
-        """A preset name (see ``RUN_PRESETS``) or a YAML file, with overrides."""
+    def load(cls, preset_or_path: str, overrides: list[str] = (),
+             saved: bool = False) -> RunConfig:
+        """A preset name (see ``RUN_PRESETS``) or a YAML file, with overrides. ``saved``: the
+        file is one a run wrote (a run folder's or a checkpoint's ``config.yaml``, maybe of an
+        earlier release), whose model section is read with the names sizes had then
+        (``config.saved_fields``); a file a user wrote is read as written now."""
         if preset_or_path in RUN_PRESETS:
             return cls.from_dict(RUN_PRESETS[preset_or_path], overrides)
         data = read_yaml(preset_or_path)
+        if saved and isinstance(data.get("model"), dict):
+            data = {**data, "model": saved_fields(data["model"])}
         if overrides:
             return cls.from_dict(data, overrides)
         try:
@@ -267,7 +273,7 @@ def _build_section(name: str, cls: type, values: dict[str, Any]) -> Any:
         text = str(err)
         if text.startswith(f"{name}."):  # DataConfig and TrainConfig name their keys
             raise
-        # ModelConfig names its fields bare: "window=8 ..." is the key model.window here
+        # ModelConfig names its fields bare: "block_len=8 ..." is the key model.block_len here
         field_name = text.partition("=")[0]
         raise ValueError(f"{name}.{text}" if field_name in known else f"{name}: {text}") \
             from None
@@ -347,7 +353,8 @@ def config_values(preset_or_path: str | None = None,
                   overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
     """The value of every ``section.key`` as a preset or YAML file sets it, with ``overrides``
     applied (the defaults where it sets none; None: all defaults). Raw values: a size the
-    architecture derives (``model.latent_len``, ``model.window``) stays null unless set."""
+    architecture derives (``model.latent_len``, ``model.window``, ``model.block_len``, ...)
+    stays null unless set."""
     values = {section: {f.name: f.default for f in fields(cls)}
               for section, cls in SECTION_TYPES.items()}
     data = {} if preset_or_path is None else (

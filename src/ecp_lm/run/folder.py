@@ -66,7 +66,7 @@ def is_legacy_run(path: Path) -> bool:
            for n in CHECKPOINTS):
         return False
     try:
-        RunConfig.load(str(path / CONFIG))
+        RunConfig.load(str(path / CONFIG), saved=True)
     except (ValueError, OSError):
         return False
     return True
@@ -146,7 +146,7 @@ def check_run_folder(cfg: RunConfig, out_dir: Path, resume: bool,
     if not (out_dir / CONFIG).is_file():
         raise ValueError(f"--resume: {out_dir} holds no run to resume (no latest/ checkpoint "
                          f"and no {CONFIG})")
-    _check_unchanged(RunConfig.load(str(out_dir / CONFIG)), cfg, out_dir)
+    _check_unchanged(RunConfig.load(str(out_dir / CONFIG), saved=True), cfg, out_dir)
     return None  # killed before its first checkpoint: start again
 
 

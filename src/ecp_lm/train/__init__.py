@@ -1,1 +1,2 @@
-"""Training: the loop (resumable, DDP/FSDP/context parallel), its tasks and their batches."""
+"""Training: the loop (resumable), its tasks and their batches, and the distributed set-up
+(DDP, FSDP, context parallelism)."""

@@ -1,5 +1,6 @@
 """Training: AdamW, warm-up + cosine or step-halving, gradient accumulation, validation-based
-checkpoint selection, exact resume, and data parallelism on PyTorch's own engine.
+checkpoint selection, exact resume, and data parallelism on PyTorch's own engine (its set-up:
+``train.distributed``).
 
 ``train(cfg, out_dir)`` runs in one process, or in each of ``torchrun``'s processes (DDP with
 gloo on CPU or nccl on CUDA, or FSDP ``fully_shard``), every rank on its own data shard with its
@@ -21,7 +22,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import (
@@ -31,13 +31,11 @@ from torch.distributed.checkpoint.state_dict import (
     set_model_state_dict,
     set_state_dict,
 )
-from torch.distributed.device_mesh import init_device_mesh
 
 from ecp_lm import progress as progress_output
 from ecp_lm.interrupts import Interrupted, StopRequest
 from ecp_lm.model import LanguageModel, build_model
-from ecp_lm.model.archs import architecture
-from ecp_lm.model.context_parallel import ContextGroup, average_gradients
+from ecp_lm.model.context_parallel import average_gradients
 from ecp_lm.run.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save_checkpoint
 from ecp_lm.run.config import RunConfig, TrainConfig
 from ecp_lm.run.folder import (
@@ -50,8 +48,17 @@ from ecp_lm.run.folder import (
     run_lock,
     with_resolved_paths,
 )
-from ecp_lm.runtime import autocast, resolve_device, resolve_precision
-from ecp_lm.train.tasks import Dist, make_task
+from ecp_lm.runtime import autocast, resolve_precision
+from ecp_lm.train.distributed import (
+    Dist,
+    check_context_parallel,
+    init_distributed,
+    rank_seed,
+    restore_rng,
+    rng_states,
+    wrap_model,
+)
+from ecp_lm.train.tasks import make_task
 
 
 class TrainingDivergedError(RuntimeError):
@@ -84,92 +91,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def init_distributed(device: str, context_parallel: int = 1) -> Dist:
-    """Join torchrun's process group when WORLD_SIZE > 1; pick this process's device. With
-    ``context_parallel`` K > 1, lay the ranks out as a (world / K) x K mesh of data-parallel
-    groups of K ranks that share each window."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    if world % context_parallel:
-        raise ValueError(f"train.context_parallel={context_parallel} does not divide the world "
-                         f"size {world} (the ranks torchrun starts)")
-    resolved = resolve_device(device, "train.device")
-    if world > 1:
-        if resolved.type == "cuda":
-            # Each rank takes its GPU from LOCAL_RANK before the process group starts, so that
-            # NCCL binds this rank's communicators to its own device (not all to cuda:0).
-            if resolved.index is None:
-                resolved = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}")
-            torch.cuda.set_device(resolved)
-        if not torch.distributed.is_initialized():
-            if resolved.type == "cuda":
-                torch.distributed.init_process_group("nccl", device_id=resolved)
-            else:
-                torch.distributed.init_process_group("gloo")
-    context = None
-    if context_parallel > 1:
-        mesh = init_device_mesh(resolved.type, (world // context_parallel, context_parallel),
-                                mesh_dim_names=("data", "context"))
-        context = ContextGroup.of(mesh.get_group("context"))
-    return Dist(int(os.environ.get("RANK", "0")), world, resolved, context)
-
-
-def _wrap(model: nn.Module, cfg: TrainConfig, dist: Dist) -> nn.Module:
-    """DDP or FSDP across ranks; compiled across ranks with ``compile`` (on one process the
-    whole loss is compiled instead: ``_Loop.loss_sum``).
-
-    With context parallelism the model is not wrapped: its gradients are averaged over every
-    rank after the backward pass (``_Loop.step``), not by DDP during it. The backward pass
-    itself communicates: each layer's halo exchange returns gradients to the previous rank of
-    the context group (send/recv on that group's communicator), in the order autograd runs the
-    layers, which is the same on every rank (every rank runs the same graph). DDP would launch
-    its bucket all-reduces (on the world's communicator) from autograd hooks whenever a bucket
-    fills, in between those sends and receives; NCCL needs every rank to issue operations on
-    different communicators in one order, and where a bucket boundary falls relative to a halo
-    is an implementation detail of DDP's bucketing, not something the ranks agree on. After the
-    backward, every halo exchange of the step has been issued on every rank, and the gradient
-    all-reduces follow in parameter order: one order everywhere, by construction (tested with
-    gloo: every rank issues the same sequence of operations, and no all-reduce comes between a
-    step's first and last halo exchange)."""
-    if dist.context is not None:
-        return model
-    if cfg.fsdp and dist.world_size > 1:
-        from torch.distributed.fsdp import fully_shard
-
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-    elif dist.world_size > 1:
-        ids = [dist.device.index] if dist.device.type == "cuda" else None
-        model = nn.parallel.DistributedDataParallel(model, device_ids=ids)
-    return torch.compile(model) if cfg.compile and dist.world_size > 1 else model
-
-
-def _rank_seed(seed: int, rank: int) -> int:
-    """Rank 0 keeps the run's seed; every other rank draws its dropout masks from its own."""
-    if rank == 0:
-        return seed
-    return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
-
-
-def _rng_state(dist: Dist) -> dict[str, Any]:
-    cuda = torch.cuda.get_rng_state(dist.device) if dist.device.type == "cuda" else None
-    return {"cpu": torch.get_rng_state(), "cuda": cuda}
-
-
-def _restore_rng(trainer: dict[str, Any], dist: Dist, seed: int) -> None:
-    """This rank's RNG states from the checkpoint (saved for every rank); a run resumed on
-    another number of ranks reseeds each rank from (seed, rank, step) instead."""
-    states = trainer.get("rng")
-    if states is None and dist.world_size == 1:  # a checkpoint of ecp-lm 0.1.0
-        states = [{"cpu": trainer["rng_cpu"], "cuda": None}]
-    if states is None or len(states) != dist.world_size:
-        torch.manual_seed(_rank_seed(seed * 1_000_003 + trainer["step"], dist.rank))
-        return
-    torch.set_rng_state(states[dist.rank]["cpu"])
-    if dist.device.type == "cuda" and states[dist.rank]["cuda"] is not None:
-        torch.cuda.set_rng_state(states[dist.rank]["cuda"], dist.device)
-
-
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, progress: bool = True,
           stop_at: int | None = None, force: bool = False) -> TrainResult:
     """Train ``cfg`` into ``out_dir``; ``stop_at`` stops after that step as an interruption would
@@ -189,7 +110,7 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
     if stop_at is not None and not 0 <= stop_at <= tc.steps:
         raise ValueError(f"stop_at={stop_at} is outside 0..train.steps={tc.steps}")
     if tc.context_parallel > 1:
-        _check_context_parallel(cfg)
+        check_context_parallel(cfg)
     dist = init_distributed(tc.device, tc.context_parallel)
     ckpt = check_run_folder(cfg, out_dir, resume, force)
     start = ckpt.meta["step"] if ckpt is not None else 0
@@ -200,10 +121,10 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model)  # identical initial weights on every rank
     model.activation_checkpointing = tc.activation_checkpointing  # before DDP/FSDP wrap it
-    torch.manual_seed(_rank_seed(tc.seed, dist.rank))
+    torch.manual_seed(rank_seed(tc.seed, dist.rank))
     task = make_task(cfg, dist, progress and dist.is_main)
     model.to(dist.device)
-    net = _wrap(model, tc, dist)
+    net = wrap_model(model, tc, dist)
     optimizer = torch.optim.AdamW(model.param_groups(tc.weight_decay), lr=tc.lr,
                                   betas=(tc.beta1, tc.beta2))
     state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf, "best_step": None}
@@ -223,16 +144,6 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
                        out_dir, state["step"] - start, loop.wrote_latest)
 
 
-def _check_context_parallel(cfg: RunConfig) -> None:
-    """What context parallelism cannot run, found before any process group is joined."""
-    tc = cfg.train
-    unsupported = [name for name in ("fsdp", "compile") if getattr(tc, name)]
-    if unsupported:
-        raise ValueError(f"train.context_parallel={tc.context_parallel} runs in eager mode with "
-                         f"replicated weights; not with train.{' or train.'.join(unsupported)}")
-    architecture(cfg.model.arch)(cfg.model).check_context(cfg.model.seq_len, tc.context_parallel)
-
-
 def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
              seed: int) -> dict[str, Any]:
     trainer = ckpt.trainer_state()
@@ -242,7 +153,7 @@ def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimize
     else:
         set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
                        optim_state_dict=trainer["optimizer"], options=options)
-    _restore_rng(trainer, dist, seed)
+    restore_rng(trainer, dist, seed)
     state = {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
     return {**state, "best_step": trainer.get("best_step", "unknown")}  # unknown: before 0.4
 
@@ -330,7 +241,7 @@ class _Loop:
                 loss = self.loss_sum(self.net, batch) / total
             loss.backward()
             loss_sum += loss.detach()
-        if self.dist.context is not None:  # after the backward, never inside it: see _wrap
+        if self.dist.context is not None:  # after the backward, never inside it: see wrap_model
             average_gradients(self.model)
         if self.dist.world_size > 1:
             torch.distributed.all_reduce(loss_sum, op=torch.distributed.ReduceOp.AVG)
@@ -400,11 +311,7 @@ class _Loop:
         else:
             model_state, optim_state = get_state_dict(self.model, self.optimizer,
                                                       options=options)
-        rng = [_rng_state(self.dist)]
-        if self.dist.world_size > 1:
-            rng = [None] * self.dist.world_size
-            torch.distributed.all_gather_object(rng, _rng_state(self.dist))
-        trainer = {"optimizer": optim_state, "rng": rng,
+        trainer = {"optimizer": optim_state, "rng": rng_states(self.dist),
                    "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
                    "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
         self.saved_step, self.wrote_latest = self.state["step"], True

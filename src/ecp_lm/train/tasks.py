@@ -5,7 +5,6 @@ on the positions each architecture predicts (SPEC §3), and its validation."""
 from __future__ import annotations
 
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ from ecp_lm.data.batches import EpochSampler, TrainWindows
 from ecp_lm.data.cache import open_run_cache
 from ecp_lm.data.images import PIXEL_DATASETS, PixelSequences, load_pixel_dataset
 from ecp_lm.data.tokenizers import Tokenizer
-from ecp_lm.evaluate.core import (
+from ecp_lm.evaluate.scoring import (
     check_stride,
     classify,
     default_stride,
@@ -26,43 +25,8 @@ from ecp_lm.evaluate.core import (
     scored_text,
 )
 from ecp_lm.model.archs import architecture
-from ecp_lm.model.context_parallel import ContextGroup
 from ecp_lm.run.config import RunConfig
-
-
-@dataclass
-class Dist:
-    """This process's place in a (possibly single-process) data-parallel run; with context
-    parallelism, in a 2-D mesh of world_size / K data-parallel groups of K ranks that share one
-    window (ranks r·K .. r·K + K - 1 form group r)."""
-
-    rank: int = 0
-    world_size: int = 1
-    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    context: ContextGroup | None = None
-    """This rank's context-parallel group (None: every rank has its own windows)."""
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def context_size(self) -> int:
-        return 1 if self.context is None else self.context.size
-
-    @property
-    def data_rank(self) -> int:
-        """Which data shard this rank trains on (shared by its context group)."""
-        return self.rank // self.context_size
-
-    @property
-    def data_size(self) -> int:
-        """Data-parallel groups: how many different batches one step takes."""
-        return self.world_size // self.context_size
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            torch.distributed.barrier()
+from ecp_lm.train.distributed import Dist
 
 
 class LanguageModelling:

@@ -1,39 +1,39 @@
 """The architectures, by ``ModelConfig.arch`` name.
 
 Each lives in one module of this package as one ``Architecture`` subclass (base.py says what it
-owns); adding one is one new file and one line below. Importing this module loads none of them
-(nor torch): ``architecture(name)`` imports the one asked for.
+owns); adding one is one new file, its name in ``config.ARCHS`` and one line below.
 """
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING
+from ecp_lm.model.archs.base import Architecture
+from ecp_lm.model.archs.block_local import BlockLocal
+from ecp_lm.model.archs.compressed_double import CompressedDouble
+from ecp_lm.model.archs.double import Double, SSplit
+from ecp_lm.model.archs.ecp import ECP
+from ecp_lm.model.archs.perceiver_ar import PerceiverAR
+from ecp_lm.model.archs.s2 import ShiftedSparse
+from ecp_lm.model.archs.sliding_window import SlidingWindow
+from ecp_lm.model.archs.transformer import Transformer
 
-if TYPE_CHECKING:
-    from ecp_lm.model.archs.base import Architecture
-
-REGISTRY: dict[str, str] = {  # name -> "module:Class" in this package
-    "transformer": "transformer:Transformer",
-    "perceiver_ar": "perceiver_ar:PerceiverAR",
-    "double": "double:Double",
-    "compressed_double": "compressed_double:CompressedDouble",
-    "ssplit": "double:SSplit",
-    "ecp": "ecp:ECP",
-    "sliding_window": "sliding_window:SlidingWindow",
-    "block_local": "block_local:BlockLocal",
-    "s2": "s2:ShiftedSparse",
+REGISTRY: dict[str, type[Architecture]] = {
+    "transformer": Transformer,
+    "perceiver_ar": PerceiverAR,
+    "double": Double,
+    "compressed_double": CompressedDouble,
+    "ssplit": SSplit,
+    "ecp": ECP,
+    "sliding_window": SlidingWindow,
+    "block_local": BlockLocal,
+    "s2": ShiftedSparse,
 }
-
-ARCHS: tuple[str, ...] = tuple(REGISTRY)
 
 
 def architecture(name: str) -> type[Architecture]:
     """The class of architecture ``name`` (ValueError for an unknown name)."""
     if name not in REGISTRY:
-        raise ValueError(f"arch={name!r} is not one of {', '.join(ARCHS)}")
-    module, cls = REGISTRY[name].split(":")
-    return getattr(import_module(f"{__name__}.{module}"), cls)
+        raise ValueError(f"arch={name!r} is not one of {', '.join(REGISTRY)}")
+    return REGISTRY[name]
 
 
-__all__ = ["ARCHS", "REGISTRY", "architecture"]
+__all__ = ["REGISTRY", "Architecture", "architecture"]

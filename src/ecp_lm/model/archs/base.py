@@ -4,39 +4,50 @@ An architecture is one class in one file of this package, registered by one line
 ``__init__.py``. It owns everything specific to its pattern: (a) a mask predicate on absolute
 positions (the specification), (b) which rows produce queries in each layer, (c) which positions
 are predicted, (d) its exact fast kernels, (e) its decoding cache, (f) its analytic attention cost
-(``ecp complexity``), (g) the receptive field uncached generation needs, (h) the defaults and
-checks of its own config fields, and (i) its sizing in ``ecp bench``. Everything else
-(embedding, blocks, norm, head) is shared.
+(``ecp complexity``), (g) the receptive field uncached generation needs, and (h) the defaults
+and checks of its own config fields. Everything else (embedding, blocks, projections, RoPE,
+norm, head: ``model/model.py``) is shared, and no module here imports it.
 
-Kernels (``ModelConfig.attn_impl``) are named by what runs:
-
-- ``reference``: dense attention with the mask predicate materialised (any device; O(T²));
-- ``flex``: FlexAttention with the predicate as ``mask_mod``, compiled once for every length,
-  its block mask from the band rules where there are some (flex.py; the forward anywhere torch
-  compiles it, the backward only on CUDA; no dropout);
-- ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64, no dropout);
-- ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
-  batched over blocks, or merged by log-sum-exp);
-- ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
-- ``auto``: the fastest of the architecture's kernels that can run the call.
-
-An explicit choice that cannot run a call raises ``ValueError`` saying why.
+The kernels themselves, and the choice of the one that runs a call, are in ``model/kernels/``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from ecp_lm.config import ModelConfig
-from ecp_lm.model.block import Block
 from ecp_lm.model.kernels import flex, native
 from ecp_lm.model.kernels.masks import Mask
-from ecp_lm.model.rope import RotaryEmbedding
 from ecp_lm.model.rows import Rows
+
+
+class ArchConfig(Protocol):
+    """The fields of ``ecp_lm.config.ModelConfig`` an architecture reads: the pattern depends on
+    this interface, not on the config module (which looks the architectures up)."""
+
+    arch: str
+    attn_impl: str
+    seq_len: int
+    n_layers: int
+    n_heads: int
+    num_segments: int
+    latent_len: int | None
+    compressed_len: int | None
+    window: int | None
+    block_len: int | None
+    group_len: int | None
+
+    @property
+    def history_len(self) -> int: ...
+
+    @property
+    def segment_len(self) -> int: ...
+
+    def resolved(self) -> ArchConfig: ...
+
 
 # A band rule (period, shift, back): in one layer, query position t sees keys lo(t) .. t with
 # lo(t) = max(0, floor((t + shift) / period) * period - shift - back) (native.py).
@@ -56,14 +67,6 @@ def block_costs(n: int, first: int, block: int) -> tuple[int, int]:
     return sum(triangle(r) for r in sizes), sum(r * r for r in sizes)
 
 
-def whole_segments(length: int, segment_len: int, name: str = "seq_len=") -> int:
-    """How many segments of ``segment_len`` make up ``length`` (ValueError unless exactly):
-    the S with which ``ecp bench`` sizes an architecture; ``name`` labels the length."""
-    if length % segment_len:
-        raise ValueError(f"{name}{length} is not divisible by segment_len={segment_len}")
-    return max(1, length // segment_len)
-
-
 def band_start(rule: BandRule, t: int) -> int:
     """lo(t) of ``rule``: the first key position query position ``t`` sees."""
     period, shift, back = rule
@@ -80,38 +83,37 @@ class Architecture:
     """Whether ``auto`` prefers FlexAttention (the predicate, compiled) on CUDA when there is no
     dropout, before the architecture's own kernels."""
     size_fields: ClassVar[tuple[str, ...]] = ()
-    """The ModelConfig fields that size this pattern (shown by ``ecp complexity``)."""
+    """The ArchConfig fields that size this pattern (shown by ``ecp complexity``)."""
+    renamed: ClassVar[dict[str, str]] = {}
+    """Earlier names of this pattern's size fields, {old: new}: a config saved by an earlier
+    release is read with the old name (``config.saved_fields``); a new config that sets the old
+    one is refused with a pointer to the new."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ArchConfig):
         self.cfg = cfg.resolved()  # every size concrete: the pattern reads them directly
         self.segment_len = self.cfg.segment_len  # read once: derived per architecture
 
     # Configuration --------------------------------------------------------------------------
     @classmethod
-    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
         """The values of this architecture's own size fields when the config leaves them unset
-        (``ModelConfig.resolved``), derived from the others; ValueError when they cannot be."""
+        (``ArchConfig.resolved``), derived from the others; ValueError when they cannot be."""
         return {}
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ArchConfig) -> None:
         """Check this architecture's own fields on the resolved config (ValueError). Called by
-        ``ModelConfig`` after the shared fields are checked."""
+        ``ArchConfig`` after the shared fields are checked."""
         choices = ("auto", "reference", "flex", *cls.kernels)
         if cfg.attn_impl not in choices:
             raise ValueError(f"arch={cfg.arch!r} has no attn_impl={cfg.attn_impl!r} kernel; "
                              f"its kernels: {', '.join(choices)}")
 
     @classmethod
-    def segment_length(cls, cfg: ModelConfig) -> int:
-        """``ModelConfig.segment_len``: m = N / S, the segment of ecp and the group of s2."""
+    def segment_length(cls, cfg: ArchConfig) -> int:
+        """``ArchConfig.segment_len``: m = N / S, the segment of ecp (s2: its group G, s-Split:
+        its history segment)."""
         return cfg.seq_len // cfg.num_segments
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        """The ModelConfig fields that size this pattern in ``ecp bench`` at window N =
-        ``seq_len`` with segments of ``segment_len``."""
-        return {"num_segments": max(1, seq_len // segment_len)}
 
     # Shape of the computation -----------------------------------------------------------------
     @property
@@ -174,8 +176,10 @@ class Architecture:
         the predicted rows are read afterwards."""
         return n_predicted if layer == self.cfg.n_layers - 1 else len(rows)
 
-    def make_block(self, layer: int, rope: RotaryEmbedding | None) -> Block:
-        return Block(self.cfg, self, rope)
+    def compression(self, layer: int) -> nn.Module | None:
+        """A module that maps (x, rows) to fewer rows between the attention and the feed-forward
+        of ``layer`` (compressed_double's history), or None."""
+        return None
 
     # Cost -----------------------------------------------------------------------------------------
     def layer_cost(self, layer: int) -> tuple[int | float, int | float]:
@@ -186,52 +190,16 @@ class Architecture:
         raise NotImplementedError
 
     # Kernels --------------------------------------------------------------------------------------
-    def kernel_for(self, impl: str, q: Tensor, dropout_p: float, needs_backward: bool) -> str:
-        """The kernel that runs a call: ``impl`` itself, or for ``auto`` the first of this
-        architecture's kernels that can. ValueError if an explicit choice cannot run it."""
-        if impl == "auto":
-            if q.is_cuda and self.flex_on_cuda and dropout_p == 0.0:
-                return "flex"
-            for kernel in self.kernels:
-                if self.kernel_problem(kernel, q, dropout_p, needs_backward) is None:
-                    return kernel
-            return "reference"
-        problem = self.kernel_problem(impl, q, dropout_p, needs_backward)
-        if problem is not None:
-            raise ValueError(f"attn_impl={impl!r} cannot run this call: {problem}")
-        return impl
-
-    def kernel_problem(self, kernel: str, q: Tensor, dropout_p: float,
-                       needs_backward: bool) -> str | None:
-        """Why ``kernel`` cannot run this call (None: it can)."""
-        if kernel == "reference":
-            return None
-        if kernel == "flex":
-            if dropout_p > 0.0:
-                return "FlexAttention has no dropout (dropout > 0 in training)"
-            if needs_backward and not q.is_cuda:
-                return f"FlexAttention has no backward on {q.device.type} (training needs CUDA)"
-            if q.device.type == "cpu" and not flex.compiles_on_cpu():
-                return "torch compiles FlexAttention for x86 CPUs with AVX2 only, not this one"
-            return None
-        if kernel not in self.kernels:
-            return f"arch={self.cfg.arch!r} has no {kernel!r} kernel"
-        if kernel == "native":
-            if q.device.type != "cpu":
-                return f"the native kernel runs on CPU, not {q.device.type}"
-            if dropout_p > 0.0:
-                return "the native kernel has no dropout (dropout > 0 in training)"
-            if q.dtype not in native.DTYPES:
-                return (f"the native kernel computes in float32 or float64 (bfloat16 widened to "
-                        f"float32), not {q.dtype}")
-            if not native.load():
-                return "the native kernel could not be built (see the warning above)"
+    def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
+        """Why this architecture's own ``kernel`` cannot run a call that the kernel itself could
+        (None: it can); ``model.kernels.kernel_problem`` checks the kernel first."""
         return None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
-        """Run ``kernel``, one of ``kernels``, exact for ``mask`` (q: the last rows of
-        ``rows``)."""
+        """Run ``kernel``, one of ``kernels``, exact for ``mask``: q (B, H, Rq, D) holds the
+        last Rq of the rows ``rows`` of k and v (B, H, R, D); returns (B, H, Rq, D). Band
+        architectures get queries at every row (Rq = R), starting a period."""
         raise NotImplementedError
 
     def flex_bands(self, n_heads: int) -> flex.Bands | None:
@@ -248,7 +216,7 @@ class PerceiverFamily(Architecture):
     size_fields = ("latent_len",)
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ArchConfig) -> None:
         super().check(cfg)
         n = cfg.seq_len
         if not 1 <= cfg.latent_len <= n - 1:
@@ -348,18 +316,11 @@ class BandArchitecture(Architecture):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
-        # The kernels take queries and keys at the same rows, cut into the pattern from the first
-        # row: exact when that row starts a period. Keys before the first query (a context-
-        # parallel halo) get zero queries, whose outputs are dropped: they add no gradient.
-        assert rows.main.start % self.period == 0 and k.size(-2) == len(rows)
-        halo = k.size(-2) - q.size(-2)
-        if halo:
-            q = torch.nn.functional.pad(q, (0, 0, halo, 0))
+        # The native band kernel runs any band: one call per group of heads sharing a rule.
+        # Patterns with portable kernels (flash, mask) run those in their own ``attend``.
         if kernel == "native":
-            out = self.per_head_rule(native.band_attention, q, k, v)
-        else:
-            out = self.attend_portable(q, k, v, dropout_p, kernel)
-        return out[:, :, halo:] if halo else out
+            return self.per_head_rule(native.band_attention, q, k, v)
+        raise NotImplementedError(f"arch={self.cfg.arch!r} has no {kernel!r} kernel")
 
     def per_head_rule(self, fn: Callable[[Tensor, Tensor, Tensor, BandRule], Tensor], q: Tensor,
                       k: Tensor, v: Tensor) -> Tensor:
@@ -370,28 +331,19 @@ class BandArchitecture(Architecture):
         return torch.cat([fn(q[:, heads], k[:, heads], v[:, heads], rule)
                           for heads, rule in parts], dim=1)
 
-    def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
-                        kernel: str) -> Tensor:
-        """The kernels other than ``native``."""
-        raise NotImplementedError
-
 
 class SegmentedBand(BandArchitecture):
-    """A band pattern built on segments (or groups) of m = N / S aligned to position 0, which
-    repeats every m positions: N must be a multiple of S (ecp, s2)."""
+    """A band pattern built on segments of m = N / S aligned to position 0, which repeats every
+    m positions: N must be a multiple of S (ecp)."""
 
     size_fields = ("num_segments",)
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ArchConfig) -> None:
         super().check(cfg)
         if cfg.seq_len % cfg.num_segments:
             raise ValueError(
                 f"seq_len={cfg.seq_len} is not divisible by num_segments={cfg.num_segments}")
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        return {"num_segments": whole_segments(seq_len, segment_len)}
 
     period_name = "segment_len"
 
@@ -404,23 +356,29 @@ class SegmentedBand(BandArchitecture):
                 "position 0)")
 
 
-class WindowedBand(BandArchitecture):
-    """A band pattern sized by ``window`` (sliding_window, block_local), whose default is set from
-    ECP's segments of m = N / S (``default_window``)."""
-
-    size_fields = ("window",)
+class SizedBand(BandArchitecture):
+    """A band pattern sized by one field of its own, ``size_fields[0]`` (sliding_window's
+    ``window``, block_local's ``block_len``, s2's ``group_len``), whose default is set from
+    ECP's segments of m = N / S (``default_size``), so that the baselines match ECP's cost or
+    reach at the same N and S."""
 
     @classmethod
-    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
-        if cfg.window is not None:
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
+        name = cls.size_fields[0]
+        if getattr(cfg, name) is not None:
             return {}
         if cfg.seq_len % cfg.num_segments:
-            raise ValueError(f"the default window of arch={cfg.arch!r} is set from segments "
-                             f"of seq_len/num_segments, but seq_len={cfg.seq_len} is not "
-                             f"divisible by num_segments={cfg.num_segments}; set window")
-        return {"window": cls.default_window(cfg.seq_len, cfg.num_segments)}
+            raise ValueError(f"the default {name} of arch={cfg.arch!r} is set from ECP's "
+                             f"segments of seq_len/num_segments, but seq_len={cfg.seq_len} is "
+                             f"not divisible by num_segments={cfg.num_segments}; set {name}")
+        return {name: cls.default_size(cfg.seq_len, cfg.num_segments)}
 
     @classmethod
-    def default_window(cls, seq_len: int, num_segments: int) -> int:
-        """The window when the config sets none (N divisible by S)."""
+    def default_size(cls, seq_len: int, num_segments: int) -> int:
+        """The size when the config sets none (N divisible by S)."""
         raise NotImplementedError
+
+    @property
+    def size(self) -> int:
+        """The value of this pattern's size field (resolved)."""
+        return getattr(self.cfg, self.size_fields[0])

@@ -14,38 +14,29 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from ecp_lm.config import ModelConfig
+from ecp_lm.model.archs.base import ArchConfig
 from ecp_lm.model.archs.double import Double
-from ecp_lm.model.block import Block
-from ecp_lm.model.rope import RotaryEmbedding
 from ecp_lm.model.rows import Rows
 
 
-class CompressingBlock(Block):
-    """A block that compresses the history rows between its attention and feed-forward."""
+class HistoryCompression(nn.Linear):
+    """The learned map of the h history rows to p rows along the position axis, Linear(h -> p)
+    (``weight`` (p, h), ``bias`` (p,)); the main rows pass through."""
 
-    def __init__(self, cfg: ModelConfig, arch: Double, rope: RotaryEmbedding | None):
-        super().__init__(cfg, arch, rope)
-        self.history_len, self.compressed_len = cfg.history_len, cfg.compressed_len
-        self.compress = nn.Linear(self.history_len, self.compressed_len)
+    def __init__(self, history_len: int, compressed_len: int):
+        super().__init__(history_len, compressed_len)
+        self.history_len, self.compressed_len = history_len, compressed_len
         # Each compressed row starts as a random mix of the history rows of about unit gain.
-        nn.init.normal_(self.compress.weight, 0.0, self.history_len ** -0.5)
-        nn.init.zeros_(self.compress.bias)
+        nn.init.normal_(self.weight, 0.0, history_len ** -0.5)
+        nn.init.zeros_(self.bias)
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: None = None,
-                context: None = None, rotation: tuple[Tensor, Tensor] | None = None
-                ) -> tuple[Tensor, Rows]:
-        x, rows = self.attend(x, rows, n_query, rotation=rotation)
-        x, rows = self.compress_history(x, rows)
-        return self.feed_forward(x), rows
-
-    def compress_history(self, x: Tensor, rows: Rows) -> tuple[Tensor, Rows]:
+    def forward(self, x: Tensor, rows: Rows) -> tuple[Tensor, Rows]:
         """(B, n_hist + n_main, d) -> (B, p + n_main, d). A right-aligned short input has fewer
         than h history rows; the missing (padding) rows are zero, so their weights drop out."""
         h, p, n_hist = self.history_len, self.compressed_len, len(rows.history)
-        weight = self.compress.weight[:, h - n_hist:]  # (p, n_hist)
+        weight = self.weight[:, h - n_hist:]  # (p, n_hist)
         compressed = torch.einsum("ph,bhd->bpd", weight, x[:, :n_hist])
-        compressed = compressed + self.compress.bias[None, :, None]  # (B, p, d)
+        compressed = compressed + self.bias[None, :, None]  # (B, p, d)
         return torch.cat([compressed, x[:, n_hist:]], dim=1), Rows(range(h - p, h), rows.main)
 
 
@@ -53,11 +44,11 @@ class CompressedDouble(Double):
     size_fields = ("latent_len", "compressed_len")
 
     @classmethod
-    def defaults(cls, cfg: ModelConfig) -> dict[str, Any]:
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
         return {"compressed_len": max(1, cfg.history_len // 2)}
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ArchConfig) -> None:
         super().check(cfg)
         h = cfg.history_len
         if not 1 <= cfg.compressed_len <= h - 1:
@@ -70,7 +61,6 @@ class CompressedDouble(Double):
     def history_rows(self, layer: int) -> int:
         return self.cfg.history_len if layer == 0 else self.cfg.compressed_len
 
-    def make_block(self, layer: int, rope: RotaryEmbedding | None) -> Block:
-        if layer == 0:
-            return CompressingBlock(self.cfg, self, rope)
-        return super().make_block(layer, rope)
+    def compression(self, layer: int) -> nn.Module | None:
+        return HistoryCompression(self.cfg.history_len, self.cfg.compressed_len) if layer == 0 \
+            else None

@@ -8,21 +8,44 @@ row, so each row's keys fall in exactly one of the two kernel calls.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from torch import Tensor
 
-from ecp_lm.config import ModelConfig
-from ecp_lm.model.archs.base import PerceiverFamily, triangle, whole_segments
-from ecp_lm.model.kernels.masks import DoubleMask
+from ecp_lm.model.archs.base import ArchConfig, PerceiverFamily, triangle
 from ecp_lm.model.kernels.sdpa import double_attention
 from ecp_lm.model.rows import Rows
+
+
+@dataclass(frozen=True)
+class DoubleMask:
+    """Double Attention: history rows (q < h) see every history key, bidirectionally; latent rows
+    see ``kv <= q``. With ``segment_len`` set (s-Split), history rows see only their own history
+    segment of that length.
+
+    The compressed_double layers after compression use ``DoubleMask(h)`` too: their p compressed
+    rows carry positions h - p .. h - 1, so ``q < h`` is exactly the compressed block.
+    """
+
+    history_len: int
+    segment_len: int | None = None
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        h = self.history_len
+        history = (q < h) & (kv < h)
+        if self.segment_len is not None:
+            history = history & (q // self.segment_len == kv // self.segment_len)
+        return history | ((q >= h) & (kv <= q))
 
 
 class Double(PerceiverFamily):
     kernels = ("flash",)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ArchConfig):
         super().__init__(cfg)
-        self.mask = DoubleMask(cfg.history_len)
+        self.mask = DoubleMask(self.cfg.history_len)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
@@ -46,29 +69,24 @@ class Double(PerceiverFamily):
 
 class SSplit(Double):
     """``num_segments`` splits the history h = N - l into S segments of h / S (which is what
-    ``ModelConfig.segment_len`` means here)."""
+    ``ArchConfig.segment_len`` means here)."""
 
     size_fields = ("latent_len", "num_segments")
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ArchConfig):
         super().__init__(cfg)
-        self.mask = DoubleMask(cfg.history_len, cfg.segment_len)
+        self.mask = DoubleMask(self.cfg.history_len, cfg.segment_len)
 
     @classmethod
-    def check(cls, cfg: ModelConfig) -> None:
+    def check(cls, cfg: ArchConfig) -> None:
         super().check(cfg)
         if cfg.history_len % cfg.num_segments:
             raise ValueError(f"history length seq_len-latent_len={cfg.history_len} is not "
                              f"divisible by num_segments={cfg.num_segments}")
 
     @classmethod
-    def segment_length(cls, cfg: ModelConfig) -> int:
+    def segment_length(cls, cfg: ArchConfig) -> int:
         return cfg.history_len // cfg.num_segments
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        # The history of the default latent length N/2.
-        return {"num_segments": whole_segments(seq_len // 2, segment_len, "history length ")}
 
     def history_entries(self, c: int) -> int:
         return c * c // self.cfg.num_segments  # S blocks of (h/S)²

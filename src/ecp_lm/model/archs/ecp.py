@@ -11,22 +11,41 @@ the last 2m positions per layer (the previous segment and the current one).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from torch import Tensor
 
-from ecp_lm.config import ModelConfig
-from ecp_lm.model.archs.base import BandRule, SegmentedBand, triangle
-from ecp_lm.model.kernels.masks import SegmentPairMask
+from ecp_lm.model.archs.base import ArchConfig, BandRule, SegmentedBand, triangle
+from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.sdpa import segment_pair_attention
+from ecp_lm.model.rows import Rows
+
+
+@dataclass(frozen=True)
+class SegmentPairMask:
+    """ECP: causal, and the key lies in the query's segment or the one before it.
+
+    ``kv <= q and q // m - kv // m <= 1``; segments are aligned to position 0.
+    """
+
+    segment_len: int
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        m = self.segment_len
+        return (kv <= q) & (q // m - kv // m <= 1)
 
 
 class ECP(SegmentedBand):
     kernels = ("native", "flash", "mask")
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ArchConfig):
         super().__init__(cfg)
-        self.mask = SegmentPairMask(cfg.segment_len)
+        self.mask = SegmentPairMask(self.segment_len)
 
     def band_rules(self) -> list[tuple[slice, BandRule]]:
+        # Query t sees keys from the start of the previous segment: lo(t) = (t // m - 1)·m.
         m = self.segment_len
         return [(slice(None), (m, 0, m))]
 
@@ -35,13 +54,15 @@ class ECP(SegmentedBand):
         m, s = self.segment_len, self.cfg.num_segments
         return s * triangle(m) + (s - 1) * m * m, (2 * s - 1) * m * m
 
-    def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
-                        kernel: str) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        # q, k, v: (B, H, T, D), T rows from the start of a segment.
+        if kernel == "native":
+            return native.band_attention(q, k, v, self.band_rules()[0][1])
         return segment_pair_attention(q, k, v, self.segment_len, dropout_p, kernel)
 
-    def kernel_problem(self, kernel: str, q: Tensor, dropout_p: float,
-                       needs_backward: bool) -> str | None:
+    def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "flash" and (q.device.type != "cpu" or dropout_p > 0.0):
             return ("ecp's flash kernel merges two CPU flash-attention calls by log-sum-exp: "
                     "CPU only, without dropout")
-        return super().kernel_problem(kernel, q, dropout_p, needs_backward)
+        return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from torch import Tensor
 
 from ecp_lm.model.archs.base import PerceiverFamily, triangle
-from ecp_lm.model.kernels.masks import CausalMask
+from ecp_lm.model.archs.transformer import CausalMask
 from ecp_lm.model.kernels.sdpa import causal_attention
 from ecp_lm.model.rows import Rows
 

@@ -17,15 +17,17 @@ first-window ramps weigh in (w = 397 at N = 1024, S = 4).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
+from typing import ClassVar
 
 import torch
 from torch import Tensor
 
-from ecp_lm.config import ModelConfig
-from ecp_lm.model.archs.base import BandRule, WindowedBand, triangle, whole_segments
-from ecp_lm.model.kernels.masks import SlidingWindowMask
+from ecp_lm.model.archs.base import ArchConfig, BandRule, SizedBand, triangle
+from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.sdpa import paired_blocks_attention
+from ecp_lm.model.rows import Rows
 
 
 def window_entries(n: int, w: int) -> int:
@@ -51,20 +53,29 @@ def _pair_mask(w: int, device: torch.device) -> Tensor:
     return (col > row) & (col <= row + w)
 
 
-class SlidingWindow(WindowedBand):
+
+@dataclass(frozen=True)
+class SlidingWindowMask:
+    """``q - w < kv <= q``: each query sees itself and the previous w - 1 positions."""
+
+    window: int
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        return (kv <= q) & (kv > q - self.window)
+
+
+class SlidingWindow(SizedBand):
     kernels = ("native", "mask")
+    size_fields = ("window",)
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ArchConfig):
         super().__init__(cfg)
-        self.mask = SlidingWindowMask(cfg.window)
+        self.mask = SlidingWindowMask(self.cfg.window)
 
     @classmethod
-    def default_window(cls, seq_len: int, num_segments: int) -> int:
+    def default_size(cls, seq_len: int, num_segments: int) -> int:
         return equal_cost_window(seq_len, num_segments)  # ECP's cost
-
-    @classmethod
-    def bench_sizes(cls, seq_len: int, segment_len: int) -> dict[str, int]:
-        return {"window": equal_cost_window(seq_len, whole_segments(seq_len, segment_len))}
 
     @property
     def period(self) -> int:
@@ -80,7 +91,9 @@ class SlidingWindow(WindowedBand):
                     for start, r in ((s, min(w, n - s)) for s in range(0, n, w)))
         return window_entries(n, w), tiles
 
-    def attend_portable(self, q: Tensor, k: Tensor, v: Tensor, dropout_p: float,
-                        kernel: str) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        if kernel == "native":
+            return native.band_attention(q, k, v, self.band_rules()[0][1])
         w = self.cfg.window
         return paired_blocks_attention(q, k, v, w, _pair_mask(w, q.device), dropout_p)

@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import ClassVar
+
 from torch import Tensor
 
 from ecp_lm.model.archs.base import Architecture, triangle
-from ecp_lm.model.kernels.masks import CausalMask
 from ecp_lm.model.kernels.sdpa import causal_attention
 from ecp_lm.model.rows import Rows
+
+
+@dataclass(frozen=True)
+class CausalMask:
+    """``kv <= q``: the transformer, and every PerceiverAR layer (lower-right aligned)."""
+
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        return kv <= q
 
 
 class Transformer(Architecture):

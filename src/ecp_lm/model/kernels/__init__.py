@@ -1,1 +1,77 @@
-"""Attention: mask predicates, kernels and the multi-head module."""
+"""The attention kernels, named by what runs (``ModelConfig.attn_impl``), and the choice of the
+one that runs a call.
+
+- ``reference``: dense attention with the mask predicate materialised (any device; O(T²));
+  sdpa.py.
+- ``flex``: FlexAttention with the predicate as ``mask_mod``, compiled once for every length,
+  its block mask from the band rules where there are some (flex.py; the forward anywhere torch
+  compiles it, the backward only on CUDA; no dropout).
+- ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64, no dropout).
+- ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
+  batched over blocks, or merged by log-sum-exp); sdpa.py, segment_lse.py.
+- ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
+  sdpa.py.
+- ``auto``: the fastest of the architecture's kernels that can run the call.
+
+An architecture lists its own fast kernels (``Architecture.kernels``) and runs them
+(``Architecture.attend``); ``reference`` and ``flex`` need only its predicate. An explicit choice
+that cannot run a call raises ``ValueError`` saying why.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from torch import Tensor
+
+from ecp_lm.model.kernels import flex, native
+
+if TYPE_CHECKING:
+    from ecp_lm.model.archs.base import Architecture
+
+
+def choose_kernel(arch: Architecture, impl: str, q: Tensor, dropout_p: float,
+                  needs_backward: bool) -> str:
+    """The kernel that runs a call with queries ``q``: ``impl`` itself, or for ``auto``
+    FlexAttention on CUDA where the architecture prefers it, else the first of the
+    architecture's kernels that can run it, else ``reference``. ValueError if an explicit
+    choice cannot run it."""
+    if impl == "auto":
+        if q.is_cuda and arch.flex_on_cuda and dropout_p == 0.0:
+            return "flex"
+        for kernel in arch.kernels:
+            if kernel_problem(arch, kernel, q, dropout_p, needs_backward) is None:
+                return kernel
+        return "reference"
+    problem = kernel_problem(arch, impl, q, dropout_p, needs_backward)
+    if problem is not None:
+        raise ValueError(f"attn_impl={impl!r} cannot run this call: {problem}")
+    return impl
+
+
+def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
+                   needs_backward: bool) -> str | None:
+    """Why ``kernel`` cannot run this call of ``arch`` (None: it can)."""
+    if kernel == "reference":
+        return None
+    if kernel == "flex":
+        if dropout_p > 0.0:
+            return "FlexAttention has no dropout (dropout > 0 in training)"
+        if needs_backward and not q.is_cuda:
+            return f"FlexAttention has no backward on {q.device.type} (training needs CUDA)"
+        if q.device.type == "cpu" and not flex.compiles_on_cpu():
+            return "torch compiles FlexAttention for x86 CPUs with AVX2 only, not this one"
+        return None
+    if kernel not in arch.kernels:
+        return f"arch={arch.cfg.arch!r} has no {kernel!r} kernel"
+    if kernel == "native":
+        if q.device.type != "cpu":
+            return f"the native kernel runs on CPU, not {q.device.type}"
+        if dropout_p > 0.0:
+            return "the native kernel has no dropout (dropout > 0 in training)"
+        if q.dtype not in native.DTYPES:
+            return (f"the native kernel computes in float32 or float64 (bfloat16 widened to "
+                    f"float32), not {q.dtype}")
+        if not native.load():
+            return "the native kernel could not be built (see the warning above)"
+    return arch.kernel_limit(kernel, q, dropout_p)

@@ -1,112 +1,28 @@
 """Attention masks as predicates on absolute positions (SPEC §2–§3).
 
-A mask is a small frozen dataclass: ``mask(q_pos, kv_pos)`` broadcasts over integer tensors and
-returns True where the query may see the key. A mask that differs between heads (``per_head``,
-LongLoRA's shifted groups) takes the head index too: ``mask(q_pos, kv_pos, head)``. It is the
-specification of an architecture's attention: the dense reference kernel materialises it, the fast
-kernels must equal that, and FlexAttention uses it as its ``mask_mod``. Print one, or
-``materialize`` it for small sizes.
+A mask is a small frozen dataclass, defined with the architecture it belongs to (``archs/``):
+``mask(q_pos, kv_pos)`` broadcasts over integer tensors and returns True where the query may see
+the key. A mask that differs between heads (``per_head``, LongLoRA's shifted groups) takes the
+head index too: ``mask(q_pos, kv_pos, head)``. It is the specification of an architecture's
+attention: the dense reference kernel materialises it, the fast kernels must equal that, and
+FlexAttention uses it as its ``mask_mod``. Print one, or ``materialize`` it for small sizes.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
 
-@dataclass(frozen=True)
-class CausalMask:
-    """``kv <= q``: the transformer, and every PerceiverAR layer (lower-right aligned)."""
+class Mask(Protocol):
+    """What every mask predicate provides."""
 
-    per_head: ClassVar[bool] = False
+    per_head: ClassVar[bool]
+    """Whether the predicate takes the head index as a third argument."""
 
-    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
-        return kv <= q
-
-
-@dataclass(frozen=True)
-class SegmentPairMask:
-    """ECP: causal, and the key lies in the query's segment or the one before it.
-
-    ``kv <= q and q // m - kv // m <= 1``; segments are aligned to position 0.
-    """
-
-    segment_len: int
-    per_head: ClassVar[bool] = False
-
-    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
-        m = self.segment_len
-        return (kv <= q) & (q // m - kv // m <= 1)
-
-
-@dataclass(frozen=True)
-class DoubleMask:
-    """Double Attention: history rows (q < h) see every history key, bidirectionally; latent rows
-    see ``kv <= q``. With ``segment_len`` set (s-Split), history rows see only their own history
-    segment of that length.
-
-    The compressed_double layers after compression use ``DoubleMask(h)`` too: their p compressed
-    rows carry positions h - p .. h - 1, so ``q < h`` is exactly the compressed block.
-    """
-
-    history_len: int
-    segment_len: int | None = None
-    per_head: ClassVar[bool] = False
-
-    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
-        h = self.history_len
-        history = (q < h) & (kv < h)
-        if self.segment_len is not None:
-            history = history & (q // self.segment_len == kv // self.segment_len)
-        return history | ((q >= h) & (kv <= q))
-
-
-@dataclass(frozen=True)
-class SlidingWindowMask:
-    """``q - w < kv <= q``: each query sees itself and the previous w - 1 positions."""
-
-    window: int
-    per_head: ClassVar[bool] = False
-
-    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
-        return (kv <= q) & (kv > q - self.window)
-
-
-@dataclass(frozen=True)
-class BlockLocalMask:
-    """``kv <= q and q // b == kv // b``: causal within non-overlapping blocks of b positions,
-    aligned to position 0; nothing crosses a block boundary."""
-
-    block_len: int
-    per_head: ClassVar[bool] = False
-
-    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
-        b = self.block_len
-        return (kv <= q) & (q // b == kv // b)
-
-
-@dataclass(frozen=True)
-class ShiftedGroupMask:
-    """LongLoRA's shifted sparse attention (S²-Attn): causal within groups of G positions. Heads
-    0 .. H/2 - 1 use groups aligned to position 0, ``q // G == kv // G``; heads H/2 .. H - 1
-    groups shifted by G/2, ``(q + G/2) // G == (kv + G/2) // G``, without wrap-around (their
-    first group, 0 .. G/2 - 1, is G/2 long)."""
-
-    group_len: int
-    n_heads: int
-    per_head: ClassVar[bool] = True
-
-    def __call__(self, q: Tensor, kv: Tensor, head: Tensor) -> Tensor:
-        g = self.group_len
-        shift = (head >= self.n_heads // 2) * (g // 2)
-        return (kv <= q) & ((q + shift) // g == (kv + shift) // g)
-
-
-Mask = (CausalMask | SegmentPairMask | DoubleMask | SlidingWindowMask | BlockLocalMask
-        | ShiftedGroupMask)
+    def __call__(self, q: Tensor, kv: Tensor, *head: Tensor) -> Tensor: ...
 
 
 def materialize(mask: Mask, q_pos: Tensor, kv_pos: Tensor, n_heads: int | None = None

@@ -43,7 +43,6 @@ import math
 import os
 import platform
 import sys
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -59,7 +58,6 @@ DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 WIDENED = (torch.bfloat16,)
 """Input dtypes the kernel runs in float32 (every product and sum), the result rounded back."""
 _OPS = "ecp_lm_native"
-STALE_LOCK_S = 600
 
 
 def _cpu_tag() -> str:
@@ -114,15 +112,22 @@ def build_directory() -> Path:
     return Path(get_default_build_root()) / name.replace("+", "_")
 
 
-def _remove_stale_lock(folder: Path) -> None:
-    """A build killed half-way leaves its lock file behind, and every later build would wait on
-    it forever; a build takes seconds, so a lock older than STALE_LOCK_S is stale."""
-    lock = folder / "lock"
-    try:
-        if time.time() - lock.stat().st_mtime > STALE_LOCK_S:
-            lock.unlink()
-    except FileNotFoundError:
-        pass
+@contextlib.contextmanager
+def _one_builder(folder: Path) -> Iterator[None]:
+    """Hold the build folder for this process: an advisory lock (``flock``) on
+    ``build.lock``, which the operating system releases when its holder dies, however it dies.
+    torch's own build lock, the file ``lock``, is a file that a process killed while loading
+    (SIGKILL) leaves behind, and every later load would wait on it; under this lock no other
+    loader is alive, so such a file is stale and is removed."""
+    import fcntl
+
+    with open(folder / "build.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            (folder / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _build() -> bool:
@@ -131,9 +136,9 @@ def _build() -> bool:
 
         folder = build_directory()
         folder.mkdir(parents=True, exist_ok=True)
-        _remove_stale_lock(folder)
-        build(name=_OPS, sources=[str(s) for s in SOURCES], extra_cflags=_cflags(),
-              build_directory=str(folder), is_python_module=False, verbose=False)
+        with _one_builder(folder):
+            build(name=_OPS, sources=[str(s) for s in SOURCES], extra_cflags=_cflags(),
+                  build_directory=str(folder), is_python_module=False, verbose=False)
     except Exception as exc:  # no compiler, no headers, no ninja: fall back, say so once
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         warnings.warn(f"the native ECP kernel could not be built ({reason}); using the "

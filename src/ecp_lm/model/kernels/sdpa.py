@@ -17,7 +17,6 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
   (block_local, and each half of the heads of s2).
 - ``double_attention``: the Double Attention family. History rows attend (unmasked) within their
   history block; latent rows attend lower-right causally to every key.
-- ``flex_attention_from_mask`` (flex.py): FlexAttention with the predicate as ``mask_mod``.
 """
 
 from __future__ import annotations
@@ -31,7 +30,6 @@ from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
 
 from ecp_lm.model.kernels import native
-from ecp_lm.model.kernels.flex import flex_attention_from_mask  # noqa: F401 (re-export)
 from ecp_lm.model.kernels.masks import Mask, materialize
 from ecp_lm.model.kernels.segment_lse import segment_pairs_lse
 from ecp_lm.model.rows import Rows
