@@ -377,8 +377,3 @@ class SizedBand(BandArchitecture):
     def default_size(cls, seq_len: int, num_segments: int) -> int:
         """The size when the config sets none (N divisible by S)."""
         raise NotImplementedError
-
-    @property
-    def size(self) -> int:
-        """The value of this pattern's size field (resolved)."""
-        return getattr(self.cfg, self.size_fields[0])

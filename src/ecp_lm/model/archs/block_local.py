@@ -16,7 +16,6 @@ from typing import ClassVar
 from torch import Tensor
 
 from ecp_lm.model.archs.base import ArchConfig, BandRule, SizedBand, block_costs
-from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.sdpa import block_causal_attention
 from ecp_lm.model.rows import Rows
 
@@ -65,5 +64,5 @@ class BlockLocal(SizedBand):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
         if kernel == "native":
-            return native.band_attention(q, k, v, self.band_rules()[0][1])
+            return super().attend(q, k, v, rows, dropout_p, kernel)
         return block_causal_attention(q, k, v, self.cfg.block_len, dropout_p=dropout_p)

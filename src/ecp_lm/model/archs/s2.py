@@ -17,7 +17,6 @@ from typing import ClassVar
 from torch import Tensor
 
 from ecp_lm.model.archs.base import ArchConfig, BandRule, SizedBand, block_costs
-from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.sdpa import block_causal_attention
 from ecp_lm.model.rows import Rows
 
@@ -66,7 +65,9 @@ class ShiftedSparse(SizedBand):
     @classmethod
     def segment_length(cls, cfg: ArchConfig) -> int:
         # The pattern's period, G: the config as set (unset: the default, ECP's m).
-        return cfg.group_len if cfg.group_len is not None else cfg.seq_len // cfg.num_segments
+        if cfg.group_len is not None:
+            return cfg.group_len
+        return cls.default_size(cfg.seq_len, cfg.num_segments)
 
     @property
     def period(self) -> int:
@@ -88,7 +89,7 @@ class ShiftedSparse(SizedBand):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
         if kernel == "native":  # one call per half of the heads, each with its own rule
-            return self.per_head_rule(native.band_attention, q, k, v)
+            return super().attend(q, k, v, rows, dropout_p, kernel)
         g = self.cfg.group_len
 
         def groups(q: Tensor, k: Tensor, v: Tensor, rule: BandRule) -> Tensor:

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from ecp_lm.model.archs.base import ArchConfig, BandRule, SizedBand, triangle
-from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.sdpa import paired_blocks_attention
 from ecp_lm.model.rows import Rows
 
@@ -94,6 +93,6 @@ class SlidingWindow(SizedBand):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
         if kernel == "native":
-            return native.band_attention(q, k, v, self.band_rules()[0][1])
+            return super().attend(q, k, v, rows, dropout_p, kernel)
         w = self.cfg.window
         return paired_blocks_attention(q, k, v, w, _pair_mask(w, q.device), dropout_p)
