@@ -33,8 +33,7 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
                              env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
         deadline = time.monotonic() + 120
-        while not (out / "metrics.jsonl").exists() and first.poll() is None \
-                and time.monotonic() < deadline:
+        while not _has_checkpoint(out) and first.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         assert first.poll() is None, first.stderr.read()
         for extra in ([], ["--resume"]):  # (train.steps=1: nothing left to run if it ran)
@@ -54,6 +53,15 @@ def test_a_second_writer_is_refused_with_the_holders_pid(tmp_path, capsys):
              if r["kind"] == "train"]
     assert steps == list(range(1, cfg.train.steps + 1))
     assert not (out / ".ecp-lm.lock").exists()
+
+
+def _has_checkpoint(run):
+    """Whether ``run`` holds a readable ``latest/`` (the first run wrote its first checkpoint)."""
+    try:
+        read_checkpoint(run / "latest")
+    except ValueError:
+        return False
+    return True
 
 
 def _replace_best(run, source):
