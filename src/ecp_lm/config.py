@@ -17,6 +17,7 @@ checked here; each architecture derives and checks its own (``Architecture.defau
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -31,7 +32,11 @@ ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_d
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
+HYBRID = "hybrid"
+"""``arch`` of a model whose layers follow ``layer_pattern``, each an architecture of its own."""
+
 ROPE_MODES = ("all", "first", "none")
+GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "reference")
 
 
@@ -41,7 +46,8 @@ class ModelConfig:
 
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
-    ``ecp``, and the same-cost baselines ``sliding_window``, ``block_local``, ``s2``."""
+    ``ecp``, and the local baselines ``sliding_window``, ``block_local``, ``s2``; or ``hybrid``,
+    whose layers follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -95,6 +101,21 @@ class ModelConfig:
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""
+    layer_pattern: str | None = None
+    """``arch: hybrid``'s layers: a repeating unit of architecture names, each ``name`` or
+    ``name*k``, tiled over ``n_layers`` and cut at the end: ``sliding_window*5,transformer``
+    (Gemma 3), ``block_local*3,transformer`` (Llama 4), ``ecp*3,transformer``. A layer may be
+    ``transformer`` (a global layer) or a local one, ``ecp``, ``sliding_window``,
+    ``block_local``, ``s2``, each sized by its own fields as in the pure architecture. Unset
+    (every other arch): every layer is ``arch``."""
+    rope_base: float = 10000.0
+    """RoPE's base θ: layer feature pair i turns by ``pos · θ^(-2i/D)``."""
+    global_rope: str | None = None
+    """A hybrid's global (transformer) layers: rotated (``all``) or not (``none``, as Llama 4's
+    global layers); unset: as ``rope`` says for every layer."""
+    rope_base_global: float | None = None
+    """RoPE's base in a hybrid's global layers (Gemma 3 uses a larger one there); unset:
+    ``rope_base``."""
 
     def __post_init__(self) -> None:
         architecture(self.arch)  # ValueError naming the architectures for an unknown one
@@ -141,15 +162,63 @@ class ModelConfig:
                     f"{old}={value}: arch={self.arch!r} calls this size {new} ({old} is "
                     f"{' and '.join(_users(old))}'s); set {new}={value} — configs saved by an "
                     f"earlier release are read with the old name")
+        self._check_layers()
         for name in OWN_SIZES:
             value = getattr(self, name)
-            if value is not None and name not in own.size_fields:
+            if value is not None and name not in own.sizes(self):
                 users = _users(name)
                 raise ValueError(
                     f"{name}={value} is set, but arch={self.arch!r} has no {name} (only "
                     f"{' and '.join(users)} {'uses' if len(users) == 1 else 'use'} one); leave "
                     f"{name} unset (null)")
         own.check(self.resolved())
+
+    def _check_layers(self) -> None:
+        """The hybrid's fields: a pattern exactly where ``arch`` is ``hybrid``, and RoPE bases."""
+        if self.arch == HYBRID and self.layer_pattern is None:
+            raise ValueError("arch='hybrid' needs a layer_pattern, e.g. "
+                             "'sliding_window*5,transformer'")
+        if self.layer_pattern is not None:
+            if not isinstance(self.layer_pattern, str):
+                raise ValueError(f"layer_pattern={self.layer_pattern!r} must be a string of "
+                                 "architecture names, e.g. 'ecp*3,transformer'")
+            if self.arch != HYBRID:
+                raise ValueError(f"layer_pattern={self.layer_pattern!r} is set, but "
+                                 f"arch={self.arch!r}: a model whose layers follow a pattern "
+                                 "is arch='hybrid'")
+            tile_pattern(self.layer_pattern, self.n_layers)  # ValueError for a malformed one
+        for name in ("rope_base", "rope_base_global"):
+            value = getattr(self, name)
+            if value is None and name == "rope_base_global":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) \
+                    or not math.isfinite(value) or value <= 1:
+                raise ValueError(f"{name}={value!r} must be a number greater than 1")
+        if self.global_rope is not None and self.global_rope not in GLOBAL_ROPE_MODES:
+            raise ValueError(f"global_rope={self.global_rope!r} is not one of "
+                             f"{', '.join(GLOBAL_ROPE_MODES)} (or unset: as rope)")
+        if self.layer_pattern is None:
+            for name in ("global_rope", "rope_base_global"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}={getattr(self, name)!r} is for the global layers "
+                                     "of a hybrid (arch='hybrid' with a layer_pattern); set "
+                                     "rope and rope_base for every layer")
+
+    @property
+    def layer_archs(self) -> list[str]:
+        """Each layer's architecture: ``layer_pattern`` tiled over the layers, or ``arch``."""
+        if self.layer_pattern is None:
+            return [self.arch] * self.n_layers
+        return tile_pattern(self.layer_pattern, self.n_layers)
+
+    def layer_config(self, arch: str) -> ModelConfig:
+        """The config of a pure ``arch`` model with this one's shared fields and the sizes
+        ``arch`` has (a hybrid's layer of that architecture computes what that model's layer
+        does): the pattern, the global layers' RoPE and other patterns' sizes dropped."""
+        own = architecture(arch).size_fields
+        return dataclasses.replace(
+            self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
+            **{name: None for name in OWN_SIZES if name not in own})
 
     # Derived sizes -------------------------------------------------------------------------
     def resolved(self) -> ModelConfig:
@@ -227,6 +296,25 @@ class ModelConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+def tile_pattern(pattern: str, n_layers: int) -> list[str]:
+    """``layer_pattern``'s unit, ``a*k,b,...``, repeated over ``n_layers`` and cut at the end
+    (ValueError naming what is malformed). The names are checked by the hybrid architecture."""
+    unit: list[str] = []
+    for part in pattern.split(","):
+        name, star, count = (s.strip() for s in part.partition("*"))
+        if not name:
+            raise ValueError(f"layer_pattern={pattern!r} has an empty entry; write names "
+                             "separated by commas, e.g. 'sliding_window*5,transformer'")
+        if name not in ARCHS:
+            raise ValueError(f"layer_pattern={pattern!r} names {name!r}, which is not an "
+                             f"architecture ({', '.join(ARCHS)})")
+        if star and not (count.isdigit() and int(count) >= 1):
+            raise ValueError(f"layer_pattern={pattern!r}: {part.strip()!r} repeats its layer by "
+                             f"{count!r}, which is not a positive integer")
+        unit += [name] * (int(count) if star else 1)
+    return (unit * -(-n_layers // len(unit)))[:n_layers]
 
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len")

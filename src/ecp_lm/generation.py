@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ecp_lm.model import LanguageModel
-from ecp_lm.model.cache import KVCache
+from ecp_lm.model.cache import KVCache, decode_span
 
 
 def context_start(model: LanguageModel, length: int) -> int:
@@ -199,7 +199,7 @@ def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperatur
             logits, caches = prefill(model, prompts)
             pos = torch.tensor([p.numel() for p in prompts], device=device)
         else:  # the last token, at each row's next position
-            span = None if compile else caches[0].slots_in_use(ahead=1)
+            span = None if compile else decode_span(caches)
             logits = step(new[-1][:, None], pos, caches, span)
             pos = pos + 1
             for cache in caches:

@@ -18,6 +18,7 @@ from torch import Tensor
 from ecp_lm.bench.core import BenchSpec, call_seconds, synchronize
 from ecp_lm.config import ModelConfig
 from ecp_lm.model import build_model
+from ecp_lm.model.cache import decode_span
 
 
 def decode_configs(max_len: int, steps: int, spec: BenchSpec) -> dict[str, ModelConfig]:
@@ -134,7 +135,7 @@ class _DecodeStream:
         device = self.pos.device
         with library_decode() if self.mode == "library" else nullcontext():
             for _ in range(steps):
-                span = None if self.compiled else self.caches[0].slots_in_use(ahead=1)
+                span = None if self.compiled else decode_span(self.caches)
                 synchronize(device)
                 start = time.perf_counter()
                 logits = self.step(self.token, self.pos, self.caches, span)

@@ -124,3 +124,11 @@ class KVCache(nn.Module):
         out.origin = [p for c in caches for p in c.origin]
         out.next_pos = [p for c in caches for p in c.next_pos]
         return out
+
+
+def decode_span(caches: Sequence[KVCache]) -> int:
+    """The ``span`` of an eager decode step over one model's caches: the leading slots in use
+    after it in the largest of them (``slots_in_use(ahead=1)``). Each layer reads the first
+    ``span`` slots of its own ring, all of them where its ring is smaller (a hybrid's layers
+    have rings of different capacities)."""
+    return max(cache.slots_in_use(ahead=1) for cache in caches)

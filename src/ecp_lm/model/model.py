@@ -18,7 +18,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ecp_lm.model.archs import architecture
 from ecp_lm.model.archs.base import Architecture
-from ecp_lm.model.cache import KVCache
+from ecp_lm.model.cache import KVCache, decode_span
 from ecp_lm.model.context_parallel import ContextGroup
 from ecp_lm.model.kernels import choose_kernel
 from ecp_lm.model.kernels.flex import flex_attention_from_mask
@@ -193,10 +193,13 @@ class LanguageModel(nn.Module):
         self.arch = architecture(cfg.arch)(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.dropout = nn.Dropout(cfg.dropout)
-        rope = None if cfg.rope == "none" else RotaryEmbedding(cfg.head_dim)
+        # Layer i attends with arch.layer(i) (a hybrid's layers differ) and rotates with the
+        # base arch.rope_base(i) (None: no RoPE); one RotaryEmbedding per base, shared.
+        bases = [self.arch.rope_base(i) for i in range(cfg.n_layers)]
+        ropes = {base: RotaryEmbedding(cfg.head_dim, base)
+                 for base in dict.fromkeys(bases) if base is not None}
         self.blocks = nn.ModuleList(
-            Block(cfg, self.arch, rope if cfg.rope == "all" or i == 0 else None, i)
-            for i in range(cfg.n_layers))
+            Block(cfg, self.arch.layer(i), ropes.get(base), i) for i, base in enumerate(bases))
         self.norm = nn.LayerNorm(cfg.d_model)
         out = cfg.vocab_size if cfg.num_classes is None else cfg.num_classes
         self.head = nn.Linear(cfg.d_model, out, bias=cfg.num_classes is not None)
@@ -267,15 +270,14 @@ class LanguageModel(nn.Module):
         # right-aligned window) and how many trailing positions are predicted (T, or l).
         rows, n_predicted = self.arch.input_rows(t, start_pos), self.arch.num_predicted(t)
         x = self.dropout(self.embed(tokens))  # (B, T, d)
-        rope, dtype = self.blocks[0].attn.rope, self.compute_dtype(tokens.device.type)
-        # rope: the one RotaryEmbedding, which layer 0 holds whenever any layer rotates
-        rotations = None if rope is None else Rotations(rope, tokens.device)
+        dtype, rotations = self.compute_dtype(tokens.device.type), Rotations(tokens.device)
         recompute = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for i, block in enumerate(self.blocks):
             cache = None if caches is None else caches[i]
             # Looked up here, outside any recomputed block (a checkpointed region that
             # torch.compile traces may not write to the memo): once per row layout.
-            rotation = None if block.attn.rope is None else rotations(rows, dtype)
+            rope = block.attn.rope
+            rotation = None if rope is None else rotations(rope, rows, dtype)
             # Rows that query: all of them, but in the last layer only the predicted ones.
             args = (x, rows, self.arch.num_queries(i, rows, n_predicted), cache, context,
                     rotation)
@@ -311,13 +313,13 @@ class LanguageModel(nn.Module):
         """One empty KV cache per layer, or None if this architecture decodes by recomputing.
         By default on the model's device, in ``compute_dtype`` (call it under the same autocast
         as the decoding)."""
-        capacity = self.arch.cache_capacity
-        if capacity is None or self.cfg.num_classes is not None:
+        if self.arch.cache_capacity is None or self.cfg.num_classes is not None:
             return None
         device = torch.device(device) if device is not None else self.embed.weight.device
         dtype = dtype or self.compute_dtype(device.type)
-        return [KVCache(batch_size, self.cfg.n_heads, capacity, self.cfg.head_dim, dtype, device)
-                for _ in self.blocks]
+        # Each layer's own capacity (a hybrid's local layers keep their rings, its global the N)
+        return [KVCache(batch_size, self.cfg.n_heads, block.attn.arch.cache_capacity,
+                        self.cfg.head_dim, dtype, device) for block in self.blocks]
 
     def prefill(self, tokens: Tensor, caches: list[KVCache], start_pos: int = 0) -> Tensor:
         """Logits (B, T, V) of a prompt at positions ``start_pos`` .., filling empty caches."""
@@ -343,7 +345,7 @@ class LanguageModel(nn.Module):
         elif pos.tolist() != expected:  # the eager API checks; decode_step does not
             raise ValueError(f"decode_one_token at pos={pos.tolist()}, but the caches "
                              f"continue at positions {expected}")
-        logits = self.decode_step(token, pos, caches, caches[0].slots_in_use(ahead=1))
+        logits = self.decode_step(token, pos, caches, decode_span(caches))
         for cache in caches:
             cache.advance()
         return logits
@@ -357,10 +359,13 @@ class LanguageModel(nn.Module):
         slots in use after this step (``KVCache.slots_in_use``). It checks nothing: callers
         that take user input go through ``decode_one_token``."""
         x = self.embed(token)  # (B, 1, d)
-        rope, rotation = self.blocks[0].attn.rope, None
-        if rope is not None:  # one (cos, sin) at ``pos`` for every layer's queries and keys
-            rotation = rope.rotation(pos[:, None], caches[0].k.dtype, x.device)
+        rotations: dict[float, Rotation] = {}  # one (cos, sin) at ``pos`` per RoPE base
         for block, cache in zip(self.blocks, caches, strict=True):
+            rope, rotation = block.attn.rope, None
+            if rope is not None:
+                if rope.base not in rotations:
+                    rotations[rope.base] = rope.rotation(pos[:, None], cache.k.dtype, x.device)
+                rotation = rotations[rope.base]
             x = block.decode(x, pos, cache, span, rotation)
         return decode_linear(self.head, self.norm(x))[:, -1]  # (B, V)
 

@@ -22,7 +22,8 @@ computed on the CPU and the cos/sin moved to the device.
 
 The float64 work runs once per forward, not per layer: ``Rotations`` keeps the (cos, sin) of each
 row layout a forward meets (``Rows``; most architectures have one, PerceiverAR and
-compressed_double two) and every layer with those rows reuses it, its queries (the last rows)
+compressed_double two) and base (a hybrid's global layers may have their own), and every layer
+with those rows and that base reuses it, its queries (the last rows)
 taking the tail. A decode step likewise computes its rotation once for every layer.
 """
 
@@ -115,18 +116,20 @@ def rotation_tail(rotation: tuple[Tensor, Tensor], n: int) -> tuple[Tensor, Tens
 
 
 class Rotations:
-    """The rotary (cos, sin) of one forward by row layout: computed the first time a layer
-    holds ``rows`` and reused by every later layer that holds the same ones. Made afresh for
-    each forward, it holds a handful of entries (one per layout and dtype)."""
+    """The rotary (cos, sin) of one forward by base and row layout: computed the first time a
+    layer rotates with ``rope`` at ``rows`` and reused by every later layer that does the same
+    (a hybrid's global layers may have a base of their own). Made afresh for each forward, it
+    holds a handful of entries (one per base, layout and dtype)."""
 
-    def __init__(self, rope: RotaryEmbedding, device: torch.device):
-        self.rope, self.device = rope, device
-        self._memo: dict[tuple[int, int, int, int, torch.dtype], tuple[Tensor, Tensor]] = {}
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._memo: dict[tuple[float, int, int, int, int, torch.dtype], Rotation] = {}
 
-    def __call__(self, rows: Rows, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def __call__(self, rope: RotaryEmbedding, rows: Rows, dtype: torch.dtype) -> Rotation:
         """(cos, sin), each (R, D/2), at the positions of ``rows``."""
-        # Plain ints as the key: a graph torch.compile traces holds them as constants.
-        key = (rows.history.start, rows.history.stop, rows.main.start, rows.main.stop, dtype)
+        # Plain numbers as the key: a graph torch.compile traces holds them as constants.
+        key = (rope.base, rows.history.start, rows.history.stop, rows.main.start,
+               rows.main.stop, dtype)
         if key not in self._memo:
-            self._memo[key] = self.rope.rotation(rows.positions(self.device), dtype, self.device)
+            self._memo[key] = rope.rotation(rows.positions(self.device), dtype, self.device)
         return self._memo[key]

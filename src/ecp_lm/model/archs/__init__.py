@@ -1,7 +1,8 @@
 """The architectures, by ``ModelConfig.arch`` name.
 
 Each lives in one module of this package as one ``Architecture`` subclass (base.py says what it
-owns); adding one is one new file, its name in ``config.ARCHS`` and one line below.
+owns); adding one is one new file, its name in ``config.ARCHS`` and one line below (and, if its
+every layer keeps all rows and predicts every position, one in ``hybrid.LAYERS``).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.compressed_double import CompressedDouble
 from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
+from ecp_lm.model.archs.hybrid import Hybrid
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
@@ -26,6 +28,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "sliding_window": SlidingWindow,
     "block_local": BlockLocal,
     "s2": ShiftedSparse,
+    "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 
 

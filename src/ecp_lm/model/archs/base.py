@@ -39,6 +39,11 @@ class ArchConfig(Protocol):
     window: int | None
     block_len: int | None
     group_len: int | None
+    rope: str
+    rope_base: float
+    layer_pattern: str | None
+    global_rope: str | None
+    rope_base_global: float | None
 
     @property
     def history_len(self) -> int: ...
@@ -46,7 +51,12 @@ class ArchConfig(Protocol):
     @property
     def segment_len(self) -> int: ...
 
+    @property
+    def layer_archs(self) -> list[str]: ...
+
     def resolved(self) -> ArchConfig: ...
+
+    def layer_config(self, arch: str) -> ArchConfig: ...
 
 
 # A band rule (period, shift, back): in one layer, query position t sees keys lo(t) .. t with
@@ -84,6 +94,9 @@ class Architecture:
     dropout, before the architecture's own kernels."""
     size_fields: ClassVar[tuple[str, ...]] = ()
     """The ArchConfig fields that size this pattern (shown by ``ecp complexity``)."""
+    global_attention: ClassVar[bool] = False
+    """Whether each query sees every earlier position of its window: a hybrid's global layer
+    (``global_rope``, ``rope_base_global``)."""
     renamed: ClassVar[dict[str, str]] = {}
     """Earlier names of this pattern's size fields, {old: new}: a config saved by an earlier
     release is read with the old name (``config.saved_fields``); a new config that sets the old
@@ -110,12 +123,27 @@ class Architecture:
                              f"its kernels: {', '.join(choices)}")
 
     @classmethod
+    def sizes(cls, cfg: ArchConfig) -> tuple[str, ...]:
+        """The size fields a model of ``cfg`` has: this pattern's ``size_fields``."""
+        return cls.size_fields
+
+    @classmethod
     def segment_length(cls, cfg: ArchConfig) -> int:
         """``ArchConfig.segment_len``: m = N / S, the segment of ecp (s2: its group G, s-Split:
         its history segment)."""
         return cfg.seq_len // cfg.num_segments
 
     # Shape of the computation -----------------------------------------------------------------
+    def layer(self, layer: int) -> Architecture:
+        """The pattern ``layer`` attends with: this one in every layer (a hybrid's differ)."""
+        return self
+
+    def rope_base(self, layer: int) -> float | None:
+        """The RoPE base ``layer`` rotates its queries and keys with; None: no rotation
+        (``rope``: every layer, only layer 0, or none)."""
+        rope = self.cfg.rope
+        return self.cfg.rope_base if rope == "all" or (rope == "first" and layer == 0) else None
+
     @property
     def max_len(self) -> int | None:
         """Longest accepted input (None: unbounded)."""

@@ -25,6 +25,7 @@ class CausalMask:
 class Transformer(Architecture):
     mask = CausalMask()
     kernels = ("flash",)
+    global_attention = True
 
     @property
     def cache_capacity(self) -> int:

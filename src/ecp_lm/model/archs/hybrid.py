@@ -1,0 +1,173 @@
+"""Hybrid layer patterns: local layers interleaved with global ones (SPEC §3c ``hybrid``).
+
+``layer_pattern`` tiles a unit of architecture names over the layers: Gemma 3's
+``sliding_window*5,transformer``, Llama 4's ``block_local*3,transformer``, or ECP as the local
+layer, ``ecp*3,transformer``. Each layer is exactly the layer of the pure architecture it names,
+built from the same config (``ModelConfig.layer_config``: its own sizes and defaults, checked as
+there), and it runs that architecture's mask, kernels and cache: a local layer caches its ring
+(2m slots for ecp, w for sliding_window, b for block_local, G for s2), a global layer the window
+of N. A layer may be any architecture whose every layer keeps all rows and predicts every
+position (``LAYERS``); the perceiver family's layers drop rows, so they cannot be interleaved.
+
+What the model as a whole accepts follows from its layers:
+
+- with a global layer, inputs of at most N tokens from position 0, as the transformer's (and
+  generation past N slides the window, recomputing, as the transformer's does);
+- with local layers only, any length, from any position where every layer's pattern starts
+  (a multiple of each period); decoding runs without end on the rings, and uncached generation
+  reads the receptive field the layers compose, from the top layer down;
+- context parallelism where every layer has a halo (local layers only).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch import nn
+
+from ecp_lm.model.archs.base import ArchConfig, Architecture, BandArchitecture
+from ecp_lm.model.archs.block_local import BlockLocal
+from ecp_lm.model.archs.ecp import ECP
+from ecp_lm.model.archs.s2 import ShiftedSparse
+from ecp_lm.model.archs.sliding_window import SlidingWindow
+from ecp_lm.model.archs.transformer import Transformer
+
+LAYERS: dict[str, type[Architecture]] = {
+    "transformer": Transformer,
+    "ecp": ECP,
+    "sliding_window": SlidingWindow,
+    "block_local": BlockLocal,
+    "s2": ShiftedSparse,
+}
+"""The architectures a hybrid's layer may be: every one of their layers keeps all rows and
+predicts every position, so any of them can follow any other."""
+
+
+def _kinds(cfg: ArchConfig) -> dict[str, type[Architecture]]:
+    """The distinct architectures of ``cfg``'s layers, in the order they first appear."""
+    kinds = {}
+    for name in cfg.layer_archs:
+        if name not in LAYERS:
+            raise ValueError(
+                f"layer_pattern={cfg.layer_pattern!r}: {name!r} cannot be a layer of a hybrid; a "
+                f"hybrid's layers keep every row and predict every position, as "
+                f"{', '.join(LAYERS)} do (the perceiver family's layers drop rows)")
+        kinds[name] = LAYERS[name]
+    return kinds
+
+
+def _layer_config(cfg: ArchConfig, name: str) -> ArchConfig:
+    """``cfg.layer_config(name)``, its errors naming the layers they are about."""
+    try:
+        return cfg.layer_config(name)
+    except ValueError as err:
+        raise ValueError(f"layer_pattern={cfg.layer_pattern!r}, its {name} layers: {err}") \
+            from None
+
+
+class Hybrid(Architecture):
+    """Each layer one of ``LAYERS``, as ``layer_pattern`` says; ``layer(i)`` is layer i's."""
+
+    def __init__(self, cfg: ArchConfig):
+        super().__init__(cfg)
+        kinds = {name: kind(_layer_config(self.cfg, name))
+                 for name, kind in _kinds(self.cfg).items()}
+        self.kinds: list[Architecture] = list(kinds.values())
+        """One instance per distinct architecture, shared by its layers."""
+        self.layers: list[Architecture] = [kinds[name] for name in self.cfg.layer_archs]
+
+    # Configuration --------------------------------------------------------------------------
+    @classmethod
+    def sizes(cls, cfg: ArchConfig) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(name for kind in _kinds(cfg).values()
+                                   for name in kind.size_fields))
+
+    @classmethod
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
+        merged: dict[str, Any] = {}
+        for name, kind in _kinds(cfg).items():
+            merged.update(kind.defaults(_layer_config(cfg, name)))
+        return merged
+
+    @classmethod
+    def check(cls, cfg: ArchConfig) -> None:
+        kinds = _kinds(cfg)
+        for name in kinds:
+            _layer_config(cfg, name)  # each kind's checks, on its own config
+        if not any(kind.global_attention for kind in kinds.values()):
+            for name in ("global_rope", "rope_base_global"):
+                if getattr(cfg, name) is not None:
+                    raise ValueError(f"{name}={getattr(cfg, name)!r} is set, but "
+                                     f"layer_pattern={cfg.layer_pattern!r} has no global "
+                                     "(transformer) layer")
+
+    # Per layer --------------------------------------------------------------------------------
+    def layer(self, layer: int) -> Architecture:
+        return self.layers[layer]
+
+    def rope_base(self, layer: int) -> float | None:
+        own = super().rope_base(layer)  # ``rope``'s rule, which holds for every local layer
+        if not self.layers[layer].global_attention:
+            return own
+        mode = self.cfg.global_rope  # a global layer: rotated by ``rope``'s rule, if unset
+        if mode == "none" or (mode is None and own is None):
+            return None
+        base = self.cfg.rope_base_global
+        return self.cfg.rope_base if base is None else base
+
+    def compression(self, layer: int) -> nn.Module | None:
+        return self.layers[layer].compression(layer)
+
+    def layer_cost(self, layer: int) -> tuple[int | float, int | float]:
+        return self.layers[layer].layer_cost(layer)
+
+    # The model as a whole -------------------------------------------------------------------------
+    @property
+    def local(self) -> bool:
+        """Whether every layer is local (a band pattern): no layer reaches back without bound."""
+        return all(isinstance(kind, BandArchitecture) for kind in self.kinds)
+
+    @property
+    def max_len(self) -> int | None:
+        limits = [kind.max_len for kind in self.kinds if kind.max_len is not None]
+        return min(limits) if limits else None
+
+    @property
+    def cache_capacity(self) -> int | None:
+        """The largest layer's cache (each layer's cache has its own, ``layer(i)``'s)."""
+        capacities = [kind.cache_capacity for kind in self.kinds]
+        return None if None in capacities else max(capacities)
+
+    @property
+    def period(self) -> int:
+        """Every layer's pattern is unchanged when positions move by a multiple of this (all
+        local layers)."""
+        return math.lcm(*(kind.period for kind in self.kinds))
+
+    @property
+    def halo_len(self) -> int | None:
+        halos = [kind.halo_len for kind in self.kinds]
+        return None if None in halos else max(halos)
+
+    def _each_kind(self, check: str, *args: int) -> None:
+        for kind in self.kinds:
+            try:
+                getattr(kind, check)(*args)
+            except ValueError as err:
+                raise ValueError(f"layer_pattern={self.cfg.layer_pattern!r}, its "
+                                 f"{kind.cfg.arch} layers: {err}") from None
+
+    def check_start_pos(self, start_pos: int) -> None:
+        self._each_kind("check_start_pos", start_pos)
+
+    def check_context(self, t: int, k: int) -> None:
+        self._each_kind("check_context", t, k)
+
+    def context_start(self, length: int) -> int:
+        if not self.local:
+            return super().context_start(length)  # the last window of N
+        start = length - 1  # the position whose output predicts the next token
+        for layer in reversed(self.layers):  # from the top layer down
+            start = layer.reach(start)
+        return start - start % self.period
