@@ -205,6 +205,11 @@ class ModelConfig:
                                      "rope and rope_base for every layer")
 
     @property
+    def layer_unit(self) -> list[str]:
+        """The repeating unit of ``layer_archs``: ``layer_pattern``'s names, or ``arch``."""
+        return [self.arch] if self.layer_pattern is None else pattern_unit(self.layer_pattern)
+
+    @property
     def layer_archs(self) -> list[str]:
         """Each layer's architecture: ``layer_pattern`` tiled over the layers, or ``arch``."""
         if self.layer_pattern is None:
@@ -299,8 +304,14 @@ class ModelConfig:
 
 
 def tile_pattern(pattern: str, n_layers: int) -> list[str]:
-    """``layer_pattern``'s unit, ``a*k,b,...``, repeated over ``n_layers`` and cut at the end
-    (ValueError naming what is malformed). The names are checked by the hybrid architecture."""
+    """``layer_pattern``'s unit (``pattern_unit``) repeated over ``n_layers``, cut at the end."""
+    unit = pattern_unit(pattern)
+    return (unit * -(-n_layers // len(unit)))[:n_layers]
+
+
+def pattern_unit(pattern: str) -> list[str]:
+    """The layers of ``layer_pattern``'s unit, ``a*k,b,...``, one name each (ValueError naming
+    what is malformed). Which names may be layers the hybrid architecture checks."""
     unit: list[str] = []
     for part in pattern.split(","):
         name, star, count = (s.strip() for s in part.partition("*"))
@@ -314,7 +325,7 @@ def tile_pattern(pattern: str, n_layers: int) -> list[str]:
             raise ValueError(f"layer_pattern={pattern!r}: {part.strip()!r} repeats its layer by "
                              f"{count!r}, which is not a positive integer")
         unit += [name] * (int(count) if star else 1)
-    return (unit * -(-n_layers // len(unit)))[:n_layers]
+    return unit
 
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len")

@@ -33,6 +33,9 @@ CASES = {
     "sliding_window": ("sliding_window", {}, 64),
     "block_local": ("block_local", {}, 64),
     "s2": ("s2", {}, 32),
+    # Each layer exchanges its own halo (12, 8, 8, 0); the shards start every layer's period.
+    "hybrid-local": ("hybrid", {"layer_pattern": "sliding_window,ecp,s2,block_local",
+                                "n_layers": 4}, 64),
 }
 GRAD_TOL = dict(atol=1e-5, rtol=1e-5)
 
@@ -181,6 +184,13 @@ def test_architecture_without_a_halo_is_refused():
             model.loss(random_tokens(1, 33), ContextGroup(ranks=(0, 1), index=index))
 
 
+def test_hybrid_with_a_global_layer_is_refused():
+    model = sharp_model("hybrid", layer_pattern="ecp,transformer")
+    with pytest.raises(ValueError, match=r"layer_pattern='ecp,transformer', its transformer "
+                                         r"layers: arch='transformer' has no context-parallel"):
+        model.loss(random_tokens(1, 33), ContextGroup(ranks=(0, 1), index=0))
+
+
 def test_shard_shorter_than_the_halo_is_refused():
     model = sharp_model("sliding_window")  # w = 13: a halo of 12 positions
     with pytest.raises(ValueError, match="needs the last 12 positions before a shard"):
@@ -193,3 +203,5 @@ def test_halo_lengths():
     assert sharp_model("block_local").arch.halo_len == 0  # nothing crosses a block
     assert sharp_model("s2").arch.halo_len == 8  # half a group, rounded up to whole groups
     assert sharp_model("transformer").arch.halo_len is None
+    hybrid = sharp_model("hybrid", layer_pattern="sliding_window,ecp,block_local", n_layers=3)
+    assert [block.attn.arch.halo_len for block in hybrid.blocks] == [12, 8, 0]

@@ -45,16 +45,15 @@ predicts every position, so any of them can follow any other."""
 
 
 def _kinds(cfg: ArchConfig) -> dict[str, type[Architecture]]:
-    """The distinct architectures of ``cfg``'s layers, in the order they first appear."""
-    kinds = {}
-    for name in cfg.layer_archs:
+    """The distinct architectures of ``cfg``'s layers, in the order they first appear (every
+    name of the pattern checked, also one the last repetition cuts off)."""
+    for name in cfg.layer_unit:
         if name not in LAYERS:
             raise ValueError(
                 f"layer_pattern={cfg.layer_pattern!r}: {name!r} cannot be a layer of a hybrid; a "
                 f"hybrid's layers keep every row and predict every position, as "
                 f"{', '.join(LAYERS)} do (the perceiver family's layers drop rows)")
-        kinds[name] = LAYERS[name]
-    return kinds
+    return {name: LAYERS[name] for name in cfg.layer_archs}
 
 
 def _layer_config(cfg: ArchConfig, name: str) -> ArchConfig:
