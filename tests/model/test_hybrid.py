@@ -3,19 +3,18 @@ architecture's, by weights (a one-name pattern is the pure model), by receptive 
 perturbation, against first-visible positions written out here), by kernel (against the
 materialised predicate); causality; RoPE per layer kind; exact decoding from per-layer caches
 (local layers only: well past 3N; with a global layer: past N as the transformer); checkpoints
-and YAML; and no branch on an architecture's name outside the architecture files."""
+and YAML. That nothing outside the architecture files branches on a name, ``hybrid`` included,
+is test_architectures.py's."""
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 
 from ecp_lm import ModelConfig, build_model
-from ecp_lm.config import ARCHS, tile_pattern
+from ecp_lm.config import tile_pattern
 from ecp_lm.generation import generate
 from ecp_lm.model import model as skeleton
 from ecp_lm.model.cache import decode_span
@@ -312,28 +311,3 @@ def test_a_trained_hybrid_checkpoint_loads_to_the_same_model(tmp_path):
     tokens = random_tokens(1, loaded.cfg.seq_len, vocab=loaded.cfg.vocab_size)
     with torch.no_grad():
         torch.testing.assert_close(loaded(tokens), result.model.eval()(tokens), atol=0, rtol=0)
-
-
-# The one-file rule ------------------------------------------------------------------------------
-
-def test_no_branch_on_an_architecture_name_outside_the_architecture_files():
-    """Behaviour that differs between patterns lives in ``model/archs/``: nowhere else does code
-    compare a value with an architecture's name."""
-    root = Path(__file__).parents[2] / "src" / "ecp_lm"
-    names = {*ARCHS, "hybrid"}
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        if (root / "model" / "archs") in path.parents:
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Compare):
-                for operand in (node.left, *node.comparators):
-                    strings = [operand] if isinstance(operand, ast.Constant) else \
-                        getattr(operand, "elts", [])
-                    hits = [s.value for s in strings if isinstance(s, ast.Constant)
-                            and s.value in names]
-                    if hits:
-                        found.append(f"{path.relative_to(root)}:{node.lineno} {hits}")
-            if isinstance(node, ast.MatchValue) and getattr(node.value, "value", None) in names:
-                found.append(f"{path.relative_to(root)}:{node.lineno}")
-    assert not found, found
