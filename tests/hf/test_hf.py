@@ -1,12 +1,16 @@
-"""Hugging Face transformers: export -> from_pretrained gives our logits for every architecture,
-save/load round trips (tied embeddings, bfloat16), greedy generate() equals ecp_lm.generate token
-for token (ECP past 3N in constant cache memory), pipelines produce text, and bad input is
-refused. Offline: nothing reaches a hub."""
+"""Hugging Face transformers: export -> from_pretrained gives our logits for every architecture
+and for hybrid layer patterns, save/load round trips (tied embeddings, bfloat16, the hybrid's
+fields through config.json), greedy generate() equals ecp_lm.generate token for token (ECP and
+local-only hybrids past 3N in constant cache memory, a hybrid with a global layer past N),
+pipelines produce text, and bad input is refused. Offline: nothing reaches a hub."""
 
 from __future__ import annotations
 
+import inspect
+import json
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 
@@ -27,7 +31,6 @@ from ecp_lm.run.config import RunConfig
 from helpers import (
     PERCEIVER_FAMILY,
     TINY,
-    UNBOUNDED,
     random_tokens,
     sharp_model,
     write_corpus,
@@ -35,6 +38,28 @@ from helpers import (
 
 N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]
 BYTES = 256  # vocabulary of the models whose text is decoded
+
+GLOBAL_HYBRID = "sliding_window*2,transformer"
+LOCAL_HYBRID = "ecp,block_local,sliding_window"
+HYBRIDS: dict[str, dict] = {
+    # A global layer: inputs of at most N; generation past N slides the window, recomputing.
+    GLOBAL_HYBRID: dict(layer_pattern="sliding_window*2,transformer", n_layers=3),
+    # Local layers only: any length, each layer decoding on its own ring (2m, b = 8, w = 13).
+    LOCAL_HYBRID: dict(layer_pattern="ecp,block_local,sliding_window", n_layers=3, block_len=8),
+    "ecp,s2 rope_base=500": dict(layer_pattern="ecp,s2", rope_base=500.0),
+    # The global layers' rotary embedding: none (Llama 4), or a base of their own (Gemma 3).
+    "s2,transformer global_rope=none": dict(layer_pattern="s2,transformer", global_rope="none"),
+    "ecp,transformer rope_base_global=100": dict(layer_pattern="ecp,transformer",
+                                                 rope_base_global=100.0),
+}
+CASES: dict[str, dict] = {**{arch: dict(arch=arch) for arch in ARCHS},
+                          **{name: dict(arch="hybrid", **fields_) for name, fields_ in
+                             HYBRIDS.items()}}
+"""Every architecture by its name, and the hybrids by their pattern: ``sharp_model`` keywords."""
+
+
+def case_model(case: str, **overrides):
+    return sharp_model(**{**CASES[case], **overrides})
 
 
 def write_checkpoint(path, model, tokenizer=None):
@@ -52,14 +77,15 @@ def load(folder, **kwargs):
     return AutoModelForCausalLM.from_pretrained(folder, **kwargs).eval()
 
 
-def new_tokens(arch: str) -> int:
-    """Well past 3N where the architecture streams; past the window N where it slides."""
-    return 3 * N + 7 if arch in UNBOUNDED else 2 * N
+def new_tokens(model) -> int:
+    """Well past 3N where the architecture streams (no limit on its inputs); past the window N
+    where it slides."""
+    return 3 * N + 7 if model.arch.max_len is None else 2 * N
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_export_then_from_pretrained_gives_our_logits(arch, tmp_path):
-    model = sharp_model(arch)
+@pytest.mark.parametrize("case", CASES)
+def test_export_then_from_pretrained_gives_our_logits(case, tmp_path):
+    model = case_model(case)
     files = export_checkpoint(write_checkpoint(tmp_path / "ckpt", model), tmp_path / "hf")
     assert {"config.json", "model.safetensors", "generation_config.json"} <= set(files)
     loaded = load(tmp_path / "hf")
@@ -71,9 +97,9 @@ def test_export_then_from_pretrained_gives_our_logits(arch, tmp_path):
             torch.testing.assert_close(out.logits, model(tokens), atol=1e-6, rtol=0)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_labels_give_the_loss_of_model_loss(arch):
-    model = sharp_model(arch)
+@pytest.mark.parametrize("case", CASES)
+def test_labels_give_the_loss_of_model_loss(case):
+    model = case_model(case)
     wrapper = EcpLmForCausalLM.from_language_model(model)
     tokens = random_tokens(2, N)
     with torch.no_grad():
@@ -112,14 +138,14 @@ def test_bfloat16_load_computes_and_decodes_in_bfloat16(tmp_path):
     assert all(cache.k.dtype == torch.bfloat16 for cache in cache_of(out).kv)
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("case", CASES)
 @pytest.mark.parametrize("prompt_len", [1, M + 1, N - 1])
-def test_greedy_generate_equals_ecp_lm_generate(arch, prompt_len):
+def test_greedy_generate_equals_ecp_lm_generate(case, prompt_len):
     """With transformers' cache (ours inside it) and, for one prompt length, without one."""
-    model = sharp_model(arch)
+    model = case_model(case)
     wrapper = EcpLmForCausalLM.from_language_model(model)
     prompt = random_tokens(2, prompt_len, seed=prompt_len)
-    n = new_tokens(arch)
+    n = new_tokens(model)
     expected = generate(model, prompt, n, temperature=0.0)
     with torch.no_grad():
         cached = wrapper.generate(prompt, do_sample=False, max_new_tokens=n)
@@ -148,9 +174,29 @@ def test_ecp_generates_past_3n_in_constant_cache_memory():
         assert layer.k.size(2) == 2 * M and layer.filled == 2 * M
 
 
-def test_transformer_and_perceiver_keep_at_most_a_window_of_tokens():
-    for arch in ("transformer", "double"):
-        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+def test_a_local_hybrid_generates_past_3n_on_each_layer_s_own_ring():
+    model = case_model(LOCAL_HYBRID)
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    sizes = []
+    wrapper.register_forward_hook(lambda module, args, out: sizes.append(cache_of(out).nbytes()))
+    prompt = random_tokens(2, 5)
+    n = 3 * N + 7
+    with torch.no_grad():
+        out = wrapper.generate(prompt, do_sample=False, max_new_tokens=n,
+                               return_dict_in_generate=True)
+    assert torch.equal(out.sequences, generate(model, prompt, n, temperature=0.0))
+    assert len(sizes) == n and len(set(sizes)) == 1  # the bytes never grow
+    cache = cache_of(out)
+    assert cache.tokens.numel() == 0 and cache.get_seq_length() == 5 + n - 1
+    capacities = [layer.k.size(2) for layer in cache.kv]
+    assert capacities == [2 * M, 8, 13]  # ecp's 2m, block_local's b, sliding_window's w
+    assert capacities == [model.arch.layer(i).cache_capacity for i in range(3)]
+    assert all(layer.filled == layer.k.size(2) for layer in cache.kv)
+
+
+def test_transformer_perceiver_and_global_hybrid_keep_at_most_a_window_of_tokens():
+    for case in ("transformer", "double", GLOBAL_HYBRID):
+        wrapper = EcpLmForCausalLM.from_language_model(case_model(case))
         with torch.no_grad():
             out = wrapper.generate(random_tokens(2, 5), do_sample=False, max_new_tokens=2 * N,
                                    return_dict_in_generate=True)
@@ -160,8 +206,8 @@ def test_transformer_and_perceiver_keep_at_most_a_window_of_tokens():
 def test_a_cache_continues_where_it_stopped():
     """Calling forward by hand: the prompt with use_cache=True, then one token at a time
     with the returned cache, gives what ecp_lm.generate gives."""
-    for arch in ("ecp", "perceiver_ar"):
-        model = sharp_model(arch)
+    for case in ("ecp", "perceiver_ar", LOCAL_HYBRID, GLOBAL_HYBRID):
+        model = case_model(case)
         wrapper = EcpLmForCausalLM.from_language_model(model)
         prompt = random_tokens(2, 7)
         expected, expected_logits = generate(model, prompt, 12, return_logits=True)
@@ -175,8 +221,8 @@ def test_a_cache_continues_where_it_stopped():
 
 
 def test_beam_search_with_the_cache_equals_without():
-    for arch in ("ecp", "transformer"):
-        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+    for case in ("ecp", "transformer", LOCAL_HYBRID, GLOBAL_HYBRID):
+        wrapper = EcpLmForCausalLM.from_language_model(case_model(case))
         prompt = random_tokens(2, 5)
         with torch.no_grad():
             cached = wrapper.generate(prompt, num_beams=3, do_sample=False, max_new_tokens=20)
@@ -208,22 +254,24 @@ def test_tokenizer_ids_match_ours(kind):
         assert theirs.decode(ids) == ours.decode(ids) == text
 
 
-@pytest.mark.parametrize("kind", ["bytes", "bpe"])
-def test_pipeline_generates_offline(kind, tmp_path):
+@pytest.mark.parametrize(("kind", "case"), [("bytes", "ecp"), ("bpe", "ecp"),
+                                            ("bytes", GLOBAL_HYBRID), ("bytes", LOCAL_HYBRID)])
+def test_pipeline_generates_offline(kind, case, tmp_path):
     if kind == "bytes":
         tokenizer = ByteTokenizer()
     else:
         tokenizer = train_bpe([write_corpus(tmp_path / "corpus.txt").read_text()], 300)
-    model = sharp_model("ecp", vocab_size=max(BYTES, tokenizer.vocab_size))
+    model = case_model(case, vocab_size=max(BYTES, tokenizer.vocab_size))
     ckpt = write_checkpoint(tmp_path / "ckpt", model, tokenizer)
     assert main(["export", "--ckpt", str(ckpt), "--out", str(tmp_path / "hf")]) == 0
     assert AutoTokenizer.from_pretrained(tmp_path / "hf")("the model")["input_ids"] == \
         tokenizer.encode("the model").tolist()
     generator = pipeline("text-generation", model=str(tmp_path / "hf"))
     prompt = "the model reads"
-    text = generator(prompt, max_new_tokens=20, do_sample=False)[0]["generated_text"]
+    n = new_tokens(model)  # past N (a global layer slides its window) or past 3N
+    text = generator(prompt, max_new_tokens=n, do_sample=False)[0]["generated_text"]
     ids = torch.as_tensor(tokenizer.encode(prompt))[None]
-    expected = generate(model, ids, 20, temperature=0.0)[0, ids.size(1):]
+    expected = generate(model, ids, n, temperature=0.0)[0, ids.size(1):]
     assert text == prompt + tokenizer.decode(expected)
 
 
@@ -251,11 +299,70 @@ def test_config_maps_model_config_one_to_one():
         EcpLmConfig(seq_len=32, num_segments=7)
 
 
+def test_config_takes_every_model_config_field_with_its_default():
+    """EcpLmConfig names ModelConfig's fields one by one: a field it lacked would be lost on the
+    way through config.json (set to its default)."""
+    params = inspect.signature(EcpLmConfig.__init__).parameters
+    for f in fields(ModelConfig):
+        assert f.name in params, f.name
+        assert params[f.name].default == f.default, f.name
+    cfg = case_model("ecp,transformer rope_base_global=100", rope_base=2000.0).cfg
+    assert EcpLmConfig.from_model_config(cfg).to_model_config() == cfg
+
+
+HYBRID_FIELDS = {"layer_pattern": GLOBAL_HYBRID, "rope_base": "ecp,s2 rope_base=500",
+                 "global_rope": "s2,transformer global_rope=none",
+                 "rope_base_global": "ecp,transformer rope_base_global=100"}
+
+
+@pytest.mark.parametrize("field", HYBRID_FIELDS)
+def test_each_hybrid_field_goes_through_config_json(field, tmp_path):
+    """An exported hybrid loads as the model it is; the same folder with ``field`` dropped from
+    config.json (its default) is refused or computes other logits: the field is written, read
+    and used."""
+    model = case_model(HYBRID_FIELDS[field])
+    assert getattr(model.cfg, field) != getattr(ModelConfig(), field)
+    export_checkpoint(write_checkpoint(tmp_path / "ckpt", model), tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    data = json.loads(path.read_text())
+    assert data[field] == getattr(model.cfg, field)
+    loaded = load(tmp_path / "hf")
+    assert loaded.model.cfg == model.cfg
+    tokens = random_tokens(2, N)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=1e-6, rtol=0)
+    del data[field]
+    path.write_text(json.dumps(data))
+    if field == "layer_pattern":
+        with pytest.raises(ValueError, match="needs a layer_pattern"):
+            load(tmp_path / "hf")
+        return
+    dropped = load(tmp_path / "hf")
+    assert getattr(dropped.model.cfg, field) == getattr(ModelConfig(), field)
+    with torch.no_grad():
+        assert (dropped(tokens).logits - model(tokens)).abs().max() > 1e-3  # atol 1e-6 above
+
+
+def test_an_export_written_before_the_hybrid_fields_loads_with_their_defaults(tmp_path):
+    """config.json of an export without layer_pattern, rope_base, global_rope and
+    rope_base_global: the model every export was then (one architecture, RoPE base 10000)."""
+    model = sharp_model("ecp")
+    export_checkpoint(write_checkpoint(tmp_path / "ckpt", model), tmp_path / "hf")
+    path = tmp_path / "hf" / "config.json"
+    data = json.loads(path.read_text())
+    for name in HYBRID_FIELDS:
+        del data[name]
+    path.write_text(json.dumps(data))
+    loaded = load(tmp_path / "hf")
+    assert loaded.model.cfg == model.cfg
+    tokens = random_tokens(2, N)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(tokens).logits, model(tokens), atol=0, rtol=0)
+
+
 def test_an_export_of_an_earlier_release_names_block_local_s_block_window(tmp_path):
     """config.json of an earlier ``ecp export``: block_local's block as ``window``, no block_len
     or group_len key. It describes the same model as today's names."""
-    import json
-
     config = EcpLmConfig(arch="block_local", window=8)
     assert config.to_model_config() == ModelConfig(arch="block_local", block_len=8)
     assert (config.window, config.block_len, config.group_len) == (None, 8, None)

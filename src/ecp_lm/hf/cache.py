@@ -4,13 +4,16 @@ Inside ``generate()`` transformers passes a model only the tokens its cache has 
 (``get_seq_length()`` says how many it has). What the cache holds is what ``ecp_lm.generate``
 keeps (generation.py):
 
-- architectures with a ``cache_capacity`` (ecp, transformer, the local baselines): one
-  ``KVCache`` per layer; the first call prefills them (``LanguageModel.prefill``), every later
-  token is one decode step (``decode_one_token``). ECP's ring holds 2m positions, so its memory
-  stays constant however long the generation runs;
-- architectures with a window of N (the perceiver family; the transformer once the sequence
-  reaches N): the tokens from the architecture's ``context_start`` on, at most N per row, and
-  each call recomputes the prediction from them, as uncached generation does.
+- architectures with a ``cache_capacity`` (ecp, transformer, the local baselines, hybrids):
+  one ``KVCache`` per layer, of that layer's own capacity (``LanguageModel.make_caches``: a
+  hybrid's local layers keep their rings, its global layers N); the first call prefills them
+  (``LanguageModel.prefill``), every later token is one decode step (``decode_one_token``).
+  ECP's ring holds 2m positions, so its memory stays constant however long the generation runs,
+  as does a hybrid's with local layers only;
+- architectures with a window of N (the perceiver family; the transformer, and a hybrid with a
+  global layer, once the sequence reaches N): the tokens from the architecture's
+  ``context_start`` on, at most N per row, and each call recomputes the prediction from them,
+  as uncached generation does.
 
 All rows stand at the same position: a batch of prompts of one length (no padding).
 """

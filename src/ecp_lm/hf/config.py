@@ -5,7 +5,9 @@ It holds exactly the fields of ``ModelConfig`` under the same names (``config.js
 so an invalid combination raises the same ``ValueError`` as ``ModelConfig`` itself. The fields
 are read as a saved model section (``ModelConfig.from_saved``): the ``config.json`` of an export
 by an earlier release, which named some sizes otherwise (block_local's ``block_len`` was
-``window``), describes the same model. ``tie_word_embeddings``, the name transformers reads,
+``window``), describes the same model, and so does one written before a field existed (a hybrid's
+``layer_pattern``, the RoPE bases and ``global_rope``): a missing field takes its default, the
+value every model had then. ``tie_word_embeddings``, the name transformers reads,
 mirrors ``tie_embeddings``.
 """
 
@@ -40,6 +42,8 @@ class EcpLmConfig(PretrainedConfig):
                  rope: str = _DEFAULTS["rope"], tied_kv: bool = _DEFAULTS["tied_kv"],
                  tie_embeddings: bool = _DEFAULTS["tie_embeddings"],
                  attn_impl: str = _DEFAULTS["attn_impl"], num_classes: int | None = None,
+                 layer_pattern: str | None = None, rope_base: float = _DEFAULTS["rope_base"],
+                 global_rope: str | None = None, rope_base_global: float | None = None,
                  **kwargs: Any):
         values = dict(arch=arch, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                       n_heads=n_heads, seq_len=seq_len, latent_len=latent_len,
@@ -47,7 +51,9 @@ class EcpLmConfig(PretrainedConfig):
                       block_len=block_len, group_len=group_len, ff_mult=ff_mult,
                       dropout=dropout, rope=rope, tied_kv=tied_kv,
                       tie_embeddings=tie_embeddings, attn_impl=attn_impl,
-                      num_classes=num_classes)
+                      num_classes=num_classes, layer_pattern=layer_pattern,
+                      rope_base=rope_base, global_rope=global_rope,
+                      rope_base_global=rope_base_global)
         # Validated; sizes left unset stay unset, as in ModelConfig (derived where needed); the
         # old names of renamed sizes (an earlier release's config.json) read as the new ones.
         for name, value in ModelConfig(**saved_fields(values)).to_dict().items():
