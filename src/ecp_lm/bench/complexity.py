@@ -14,6 +14,10 @@ compressed_double's later layers hold p compressed history rows instead of h. Tw
     sliding_window: blocks of w queries against their previous block and themselves; block_local
     and s2: the square of each block of b, each group of G).
 
+A hybrid (``arch="hybrid"``, SPEC §3c) costs the sum of its layers': each layer is counted as the
+layer of the pure architecture its ``layer_pattern`` names, at the same sizes, and the cost
+carries the pattern (``layer_pattern``, ``layer_archs``) and the sizes of every layer kind.
+
 FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each cost one multiply-add
 (2 FLOPs) per entry and per channel, summed over heads (n_heads · head_dim = d_model). Projections,
 softmax and the feed-forward are not included. The tests check ``entries`` against a brute-force
@@ -27,20 +31,21 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ecp_lm.config import OWN_SIZES, ModelConfig
+from ecp_lm.config import HYBRID, OWN_SIZES, ModelConfig, tile_pattern
 
 FLOPS_PER_ENTRY_PER_CHANNEL = 4
 """QKᵀ and PV: one multiply-add (2 FLOPs) each per score entry and per channel of d_model."""
 
 SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
               "block_len": "b", "group_len": "G"}
-"""The size fields a cost reports (where the architecture's ``size_fields`` hold them), and
-their symbols in the table."""
+"""The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
+hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
 
 @dataclass(frozen=True)
 class AttentionCost:
-    """Attention cost of one architecture over one full window of N positions (batch 1)."""
+    """Attention cost of one architecture (or hybrid) over one full window of N positions
+    (batch 1)."""
 
     arch: str
     seq_len: int
@@ -51,20 +56,34 @@ class AttentionCost:
     latent_len: int | None
     """l (perceiver family only, else None)."""
     num_segments: int | None
-    """S (ecp and ssplit only, else None)."""
+    """S (ecp and ssplit only, or a hybrid with ecp layers; else None)."""
     compressed_len: int | None
     """p (compressed_double only, else None)."""
     window: int | None
-    """w (sliding_window only, else None)."""
+    """w (sliding_window, or a hybrid with its layers; else None)."""
     block_len: int | None
-    """b (block_local only, else None)."""
+    """b (block_local, or a hybrid with its layers; else None)."""
     group_len: int | None
-    """G (s2 only, else None)."""
+    """G (s2, or a hybrid with its layers; else None)."""
     entries_per_layer: tuple[int | float, ...]
     """Exact (query, key) pairs the mask allows, over the rows each layer queries (per head; the
     mean over heads where the mask differs between heads, as for s2)."""
     tile_entries_per_layer: tuple[int | float, ...]
     """Block-tile convention: each query block against its whole key block."""
+    layer_pattern: str | None = None
+    """A hybrid's ``layer_pattern`` (None for a pure architecture)."""
+
+    @property
+    def layer_archs(self) -> list[str]:
+        """Each layer's architecture: the pattern tiled over the layers, or ``arch``."""
+        if self.layer_pattern is None:
+            return [self.arch] * self.n_layers
+        return tile_pattern(self.layer_pattern, self.n_layers)
+
+    @property
+    def label(self) -> str:
+        """The row's name: ``arch``, or ``hybrid(PATTERN)`` for a hybrid."""
+        return self.arch if self.layer_pattern is None else hybrid_label(self.layer_pattern)
 
     @property
     def entries(self) -> int:
@@ -117,6 +136,7 @@ class AttentionCost:
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data: the sizes, per-layer lists, totals and ratios."""
         data = dataclasses.asdict(self)
+        data["layer_archs"] = self.layer_archs
         data["entries_per_layer"] = list(self.entries_per_layer)
         data["tile_entries_per_layer"] = list(self.tile_entries_per_layer)
         data["flops_per_layer"] = list(self.flops_per_layer)
@@ -132,35 +152,58 @@ def attention_cost(cfg: ModelConfig) -> AttentionCost:
     architecture's ``layer_cost``)."""
     from ecp_lm.model.archs import architecture
 
-    arch = architecture(cfg.arch)(cfg)
+    kind = architecture(cfg.arch)
+    arch = kind(cfg)
     per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
-    sizes = {name: getattr(arch.cfg, name) if name in arch.size_fields else None
-             for name in SIZE_NAMES}
+    own = kind.sizes(arch.cfg)  # a hybrid's: the sizes of every kind of layer it has
+    sizes = {name: getattr(arch.cfg, name) if name in own else None for name in SIZE_NAMES}
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
         **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
-        tile_entries_per_layer=tuple(t for _, t in per_layer))
+        tile_entries_per_layer=tuple(t for _, t in per_layer), layer_pattern=cfg.layer_pattern)
 
 
-def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str]) -> list[AttentionCost]:
-    """The cost of each of ``archs`` at the sizes of ``base`` (a config, or its fields).
+def hybrid_label(pattern: str) -> str:
+    """A hybrid's row name: ``hybrid(sliding_window*5,transformer)``."""
+    return f"{HYBRID}({pattern})"
 
-    An architecture whose constraints the sizes break (e.g. ssplit needs h divisible by S)
-    raises the config's ValueError, prefixed with the architecture's name.
+
+GLOBAL_LAYER_FIELDS = ("layer_pattern", "global_rope", "rope_base_global")
+"""A hybrid's own fields: each compared config sets its own pattern (the global layers' RoPE
+does not change a cost)."""
+
+
+def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str],
+            patterns: Iterable[str] = ()) -> list[AttentionCost]:
+    """The cost of each of ``archs``, then of a hybrid of each of ``patterns``, at the sizes of
+    ``base`` (a config, or its fields). Each row keeps only the own sizes (``OWN_SIZES``) its
+    layers have.
+
+    An architecture whose constraints the sizes break (e.g. ssplit needs h divisible by S), or
+    a malformed pattern, raises the config's ValueError, prefixed with the row's name.
     """
     from ecp_lm.model.archs import architecture
 
     fields = base.to_dict() if isinstance(base, ModelConfig) else dict(base)
+    for name in GLOBAL_LAYER_FIELDS:
+        fields.pop(name, None)
+    rows = [(arch, {"arch": arch}) for arch in archs]
+    rows += [(hybrid_label(p), {"arch": HYBRID, "layer_pattern": p}) for p in patterns]
     costs = []
-    for arch in archs:
-        own = {**fields, "arch": arch}
-        for name in OWN_SIZES:  # each sizes one pattern only: dropped for the others
-            if name not in architecture(arch).size_fields:
-                own.pop(name, None)
+    for label, row in rows:
+        own = {**fields, **row}
+        layers = own.get("n_layers", ModelConfig.n_layers)
+        layers = layers if isinstance(layers, int) and layers >= 1 else 1  # checked below
         try:
+            names = (tile_pattern(row["layer_pattern"], layers)
+                     if "layer_pattern" in row else [row["arch"]])
+            used = {size for name in names for size in architecture(name).size_fields}
+            for name in OWN_SIZES:  # each sizes one pattern only: dropped for the others
+                if name not in used:
+                    own.pop(name, None)
             cfg = ModelConfig.from_dict(own)
         except ValueError as err:
-            raise ValueError(f"{arch}: {err}") from err
+            raise ValueError(f"{label}: {err}") from err
         costs.append(attention_cost(cfg))
     return costs
 
@@ -186,7 +229,7 @@ def format_table(costs: list[AttentionCost]) -> str:
     """A plain aligned text table of ``costs``, with a title line and a legend."""
     header = ("arch", "sizes", "entries per layer", "total entries", "fwd GFLOPs",
               "vs causal", "vs full", "tile vs full")
-    body = [(c.arch, _sizes(c), _run_lengths(c.entries_per_layer), f"{c.entries:,}",
+    body = [(c.label, _sizes(c), _run_lengths(c.entries_per_layer), f"{c.entries:,}",
              f"{c.flops / 1e9:.2f}", f"{c.ratio_to_causal:.1%}", f"{c.ratio_to_full:.1%}",
              f"{c.tile_ratio_to_full:.1%}") for c in costs]
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
@@ -210,4 +253,7 @@ def format_table(costs: list[AttentionCost]) -> str:
         "GFLOPs: 4·d_model·entries (QKᵀ and PV); vs causal: / L·N(N+1)/2; vs full: / L·N²;",
         "tile: each query block scored against its whole key block (ECP: (2S-1)/S²).",
     ]
+    if any(c.layer_pattern is not None for c in costs):
+        lines.append("hybrid(P): layers as pattern P, each costed as the pure architecture's "
+                     "layer; sizes: every layer kind's.")
     return "\n".join(lines)

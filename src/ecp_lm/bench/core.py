@@ -1,6 +1,9 @@
 """What every ``ecp bench`` measurement shares: the benchmarked size (``BenchSpec``) and the
-model configuration it gives each architecture, peak-memory and timing helpers, and the
-training step the benchmarks time.
+model configuration it gives each architecture or hybrid layer pattern, peak-memory and timing
+helpers, and the training step the benchmarks time.
+
+A benchmark case is named by its architecture, or a hybrid by ``hybrid(PATTERN)``
+(``hybrid_label``; ``model_config`` reads either).
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ecp_lm.config import ModelConfig, architecture
+from ecp_lm.bench.complexity import hybrid_label
+from ecp_lm.config import HYBRID, ModelConfig, architecture, tile_pattern
 
 
 @dataclass
@@ -65,15 +69,43 @@ def bench_sizes(arch: str, seq_len: int, segment_len: int) -> dict[str, int]:
     return {"num_segments": whole_segments(span, segment_len, name)}
 
 
+def split_label(name: str) -> tuple[str, str | None]:
+    """A case's (arch, layer_pattern): ``hybrid(P)`` is ("hybrid", P); any other name is an
+    architecture, without a pattern."""
+    prefix = f"{HYBRID}("
+    if name.startswith(prefix) and name.endswith(")"):
+        return HYBRID, name[len(prefix):-1]
+    return name, None
+
+
+def hybrid_sizes(pattern: str, n_layers: int, seq_len: int, segment_len: int) -> dict[str, int]:
+    """``bench_sizes`` of a hybrid: the S = N / m of every layer kind's own (each checked as
+    there); each layer's size then follows from S by its own default, as in the pure model."""
+    for name in dict.fromkeys(tile_pattern(pattern, n_layers)):
+        bench_sizes(name, seq_len, segment_len)  # each kind's checks (N a multiple of m)
+    return {"num_segments": max(1, seq_len // segment_len)}
+
+
 def model_config(arch: str, seq_len: int, spec: BenchSpec) -> ModelConfig:
-    """The benchmarked size (``bench_sizes``: ECP S = N / m, s-Split S = (N/2) / m,
-    sliding_window ECP's cost, block_local blocks of b = 2m, s2 groups of G = m)."""
+    """The benchmarked size of an architecture or a hybrid (``arch`` its ``hybrid(P)`` label)
+    (``bench_sizes``: ECP S = N / m, s-Split S = (N/2) / m, sliding_window ECP's cost,
+    block_local blocks of b = 2m, s2 groups of G = m; a hybrid's layers each so)."""
+    kind, pattern = split_label(arch)
     try:
-        sizes = bench_sizes(arch, seq_len, spec.segment_len)
+        if pattern is None:
+            sizes = bench_sizes(kind, seq_len, spec.segment_len)
+        else:
+            sizes = hybrid_sizes(pattern, spec.n_layers, seq_len, spec.segment_len)
+        return ModelConfig(arch=kind, layer_pattern=pattern, vocab_size=256,
+                           d_model=spec.d_model, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                           seq_len=seq_len, **sizes)
     except ValueError as err:
         raise ValueError(f"{arch}: {err}") from err
-    return ModelConfig(arch=arch, vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
-                       n_heads=spec.n_heads, seq_len=seq_len, **sizes)
+
+
+def case_names(archs: list[str], patterns: list[str]) -> list[str]:
+    """The cases of ``archs`` and then a hybrid of each of ``patterns`` (``hybrid_label``)."""
+    return [*archs, *dict.fromkeys(hybrid_label(p) for p in patterns)]
 
 
 def memory_mark(device: torch.device) -> int:

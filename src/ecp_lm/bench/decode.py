@@ -1,5 +1,6 @@
 """``ecp bench --decode``: cached decoding. ECP against the transformer at growing lengths
-(``run_decode``: latency per token and the bytes of the cache), and one decode step in each of
+(``run_decode``: latency per token and the bytes of the cache; hybrid layer patterns beside
+them, each layer's cache its own ring or window), and one decode step in each of
 three modes, eager on library kernels, eager and compiled, beside the memory-bandwidth floor
 (``run_decode_modes``: the bytes a step must read at the copy bandwidth measured in the same run).
 """
@@ -15,20 +16,33 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ecp_lm.bench.core import BenchSpec, call_seconds, synchronize
+from ecp_lm.bench.core import BenchSpec, call_seconds, case_names, model_config, synchronize
 from ecp_lm.config import ModelConfig
 from ecp_lm.model import build_model
+from ecp_lm.model.archs import architecture
 from ecp_lm.model.cache import decode_span
 
 
-def decode_configs(max_len: int, steps: int, spec: BenchSpec) -> dict[str, ModelConfig]:
+def decode_configs(max_len: int, steps: int, spec: BenchSpec,
+                   patterns: tuple[str, ...] = ()) -> dict[str, ModelConfig]:
     """ECP with m = segment_len (a 2m-slot cache) and a transformer whose window holds the
-    longest sequence, at the same size."""
+    longest sequence, at the same size; then a hybrid of each of ``patterns``, named
+    ``hybrid(P)``, sized as ``ecp bench`` sizes it (``model_config``: S = N / m), its window N
+    the least multiple of m that holds the longest sequence where a layer is global (the
+    transformer's), else ECP's."""
     size = dict(vocab_size=256, d_model=spec.d_model, n_layers=spec.n_layers,
                 n_heads=spec.n_heads)
-    window = 8 * spec.segment_len
-    return {"ecp": ModelConfig(arch="ecp", seq_len=window, num_segments=8, **size),
-            "transformer": ModelConfig(arch="transformer", seq_len=max_len + steps, **size)}
+    m = spec.segment_len
+    window = 8 * m
+    configs = {"ecp": ModelConfig(arch="ecp", seq_len=window, num_segments=8, **size),
+               "transformer": ModelConfig(arch="transformer", seq_len=max_len + steps, **size)}
+    longest = -(-(max_len + steps) // m) * m
+    for name in case_names([], list(patterns)):
+        cfg = model_config(name, window, spec)
+        if architecture(cfg.arch)(cfg).max_len is not None:  # a global layer: at most N tokens
+            cfg = model_config(name, longest, spec)
+        configs[name] = cfg
+    return configs
 
 
 @torch.no_grad()
@@ -55,17 +69,22 @@ def decode_case(model, length: int, steps: int) -> dict[str, Any]:
             "cache_bytes_allocated": sum(c.nbytes() for c in caches)}
 
 
-def run_decode(lengths: list[int], steps: int, spec: BenchSpec,
-               progress: bool = True) -> dict[str, list[dict[str, Any]]]:
+def run_decode(lengths: list[int], steps: int, spec: BenchSpec, progress: bool = True,
+               patterns: tuple[str, ...] = ()) -> dict[str, list[dict[str, Any]]]:
+    """``decode_case`` at each of ``lengths`` for each of ``decode_configs`` (a hybrid's points
+    also carry its ``layer_pattern`` and window ``seq_len``)."""
     torch.manual_seed(0)
     out: dict[str, list[dict[str, Any]]] = {}
-    for arch, cfg in decode_configs(max(lengths), steps, spec).items():
+    for arch, cfg in decode_configs(max(lengths), steps, spec, tuple(patterns)).items():
         model = build_model(cfg).to(spec.device).eval()
         out[arch] = []
         for length in lengths:
             if progress:
                 print(f"  decode {arch:>11} L={length} ...", file=sys.stderr, flush=True)
-            out[arch].append(decode_case(model, length, steps))
+            point = decode_case(model, length, steps)
+            if cfg.layer_pattern is not None:
+                point = {"layer_pattern": cfg.layer_pattern, "seq_len": cfg.seq_len, **point}
+            out[arch].append(point)
     return out
 
 
@@ -75,6 +94,19 @@ def format_decode(rows: dict[str, list[dict[str, Any]]]) -> str:
     for e, t in zip(rows["ecp"], rows["transformer"], strict=True):
         lines.append(f"{e['length']:>7} {e['ms_per_token']:>11.2f} {t['ms_per_token']:>11.2f} "
                      f"{e['cache_bytes'] / 1024:>14,.0f} {t['cache_bytes'] / 1024:>14,.0f}")
+    hybrids = [name for name in rows if name not in ("ecp", "transformer")]
+    if hybrids:
+        width = max(len(name) for name in hybrids)
+        lines.append(f"{'length':>7} {'hybrid':<{width}} {'ms/tok':>8} {'÷ tfm':>6} "
+                     f"{'cache KiB':>10} {'÷ tfm':>6} {'allocated KiB':>14}")
+        for name in hybrids:
+            for h, t in zip(rows[name], rows["transformer"], strict=True):
+                lines.append(
+                    f"{h['length']:>7} {name:<{width}} {h['ms_per_token']:>8.2f} "
+                    f"{h['ms_per_token'] / t['ms_per_token']:>6.2f} "
+                    f"{h['cache_bytes'] / 1024:>10,.0f} "
+                    f"{h['cache_bytes'] / t['cache_bytes']:>6.3f} "
+                    f"{h['cache_bytes_allocated'] / 1024:>14,.0f}")
     for arch, points in rows.items():
         ratio = points[-1]["ms_per_token"] / points[0]["ms_per_token"]
         lines.append(f"{arch}: latency at {points[-1]['length']} / at {points[0]['length']} "

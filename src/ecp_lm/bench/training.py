@@ -7,6 +7,10 @@ memory (CUDA: max allocated; CPU: growth of the resident set from just before th
 the attention share of the step time (the step timed again with attention replaced by a
 pass-through of the queries: share = 1 - that time / full time), and the analytic attention
 cost from ``ecp complexity``. Ratios to the transformer compare measurements of one run.
+A hybrid (``--pattern``) is one more case, named ``hybrid(PATTERN)`` (``core.hybrid_label``),
+its layers sized as the pure architectures are; its rows carry ``layer_pattern`` and
+``layer_archs`` (None and the architecture repeated for a pure one), and its kernels are named
+per layer kind (``sliding_window:native``).
 
 Also here: the training modes (``--train-modes``: eager and compiled, fp32 and bf16, each beside
 its FLOP floor) and activation checkpointing (``--checkpointing``). Run as
@@ -84,7 +88,8 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     step = statistics.median(times)
     attention = None if bare is None else max(step - bare, 0.0)
     cost = attention_cost(cfg)
-    return {"arch": arch, "seq_len": seq_len, "params": model.num_params(),
+    return {"arch": arch, "layer_pattern": cfg.layer_pattern, "layer_archs": cfg.layer_archs,
+            "seq_len": seq_len, "params": model.num_params(),
             "compiled": spec.compile, "precision": precision, "checkpointing": spec.checkpointing,
             "step_s": step, "tokens_per_s": spec.batch_size * seq_len / step,
             "peak_mib": peak / 2**20, "attention_s": attention,
@@ -120,16 +125,20 @@ def product_share(model, optimizer, tokens, loss=None) -> float:
 @contextmanager
 def _kernels_run(model) -> Iterator[set[str]]:
     """The names of the attention kernels the model's layers run while the block runs (each
-    ``choose_kernel`` answer for the model's architecture)."""
+    ``choose_kernel`` answer for the model's architecture; a hybrid's as ``kind:kernel``, for
+    each of its layers' architectures)."""
     from ecp_lm.model import model as layers
 
     arch, ran = model.arch, set()
+    kinds = {id(block.attn.arch) for block in model.blocks if block.attn.arch is not arch}
     choose = layers.choose_kernel
 
     def recording(chosen_for, *args, **kwargs):
         kernel = choose(chosen_for, *args, **kwargs)
         if chosen_for is arch:
             ran.add(kernel)
+        elif id(chosen_for) in kinds:
+            ran.add(f"{chosen_for.cfg.arch}:{kernel}")
         return kernel
 
     layers.choose_kernel = recording
@@ -173,14 +182,20 @@ def add_ratios(results: list[dict[str, Any]], reference: str = "transformer"
     return results
 
 
+def arch_width(rows: list[dict[str, Any]], least: int) -> int:
+    """The width of a table's arch column: ``least``, or a hybrid's label and two spaces."""
+    return max([least, *(len(r["arch"]) + 2 for r in rows)])
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
     def fmt(x, spec):
         return "-" if x is None else format(x, spec)
 
-    lines = [f"{'arch':<18}{'N':>7}{'tok/s':>10}{'peak MiB':>10}{'attn share':>11}"
+    width = arch_width(results, 18)
+    lines = [f"{'arch':<{width}}{'N':>7}{'tok/s':>10}{'peak MiB':>10}{'attn share':>11}"
              f"{'time/tfm':>10}{'attn time/tfm':>14}{'attn entries/tfm':>17}"]
     for r in results:
-        lines.append(f"{r['arch']:<18}{r['seq_len']:>7}{r['tokens_per_s']:>10,.0f}"
+        lines.append(f"{r['arch']:<{width}}{r['seq_len']:>7}{r['tokens_per_s']:>10,.0f}"
                      f"{r['peak_mib']:>10,.0f}{fmt(r['attention_share'], '>11.0%')}"
                      f"{fmt(r['time_ratio_to_transformer'], '>10.3f')}"
                      f"{fmt(r['attention_time_ratio'], '>14.3f')}"
@@ -294,11 +309,12 @@ def add_flop_floor(rows: list[dict[str, Any]], rates: dict[str, float],
 
 
 def format_train_modes(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'arch':<15}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}{'÷ eager fp32':>14}"
-             f"{'GFLOP':>8}{'floor ms':>10}{'÷ floor':>9}{'in products':>13}"]
+    width = arch_width(rows, 15)
+    lines = [f"{'arch':<{width}}{'N':>7}{'mode':>10}{'precision':>10}{'tok/s':>10}"
+             f"{'÷ eager fp32':>14}{'GFLOP':>8}{'floor ms':>10}{'÷ floor':>9}{'in products':>13}"]
     for r in rows:
         share = "-" if r.get("product_share") is None else f"{r['product_share']:.0%}"
-        lines.append(f"{r['arch']:<15}{r['seq_len']:>7}"
+        lines.append(f"{r['arch']:<{width}}{r['seq_len']:>7}"
                      f"{'compiled' if r['compiled'] else 'eager':>10}{r['precision']:>10}"
                      f"{r['tokens_per_s']:>10,.0f}{r['speedup']:>14.2f}"
                      f"{r['step_flops'] / 1e9:>8.1f}{1e3 * r['floor_s']:>10.1f}"
@@ -341,12 +357,14 @@ def run_checkpointing(archs: list[str], seq_lens: list[int], spec: BenchSpec,
 
 
 def format_checkpointing(rows: list[dict[str, Any]]) -> str:
-    lines = [f"{'arch':<12}{'N':>7}{'checkpointing':>14}{'step s':>9}{'tok/s':>9}"
+    width = arch_width(rows, 12)
+    lines = [f"{'arch':<{width}}{'N':>7}{'checkpointing':>14}{'step s':>9}{'tok/s':>9}"
              f"{'peak MiB':>10}{'peak ÷ off':>11}{'time ÷ off':>11}"]
     for r in rows:
         memory = "-" if r["memory_ratio"] is None else f"{r['memory_ratio']:.2f}"
-        lines.append(f"{r['arch']:<12}{r['seq_len']:>7}{'on' if r['checkpointing'] else 'off':>14}"
-                     f"{r['step_s']:>9.2f}{r['tokens_per_s']:>9,.0f}{r['peak_mib']:>10,.0f}"
+        mode = "on" if r["checkpointing"] else "off"
+        lines.append(f"{r['arch']:<{width}}{r['seq_len']:>7}{mode:>14}{r['step_s']:>9.2f}"
+                     f"{r['tokens_per_s']:>9,.0f}{r['peak_mib']:>10,.0f}"
                      f"{memory:>11}{r['time_ratio']:>11.2f}")
     lines.append("one training step (forward, backward, AdamW); peak: growth of the resident set "
                  "(CPU) or the allocator's maximum (CUDA) over the steps")

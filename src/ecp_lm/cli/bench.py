@@ -1,4 +1,5 @@
-"""``ecp bench``: training-step speed and memory per architecture and length, and decoding."""
+"""``ecp bench``: training-step speed and memory per architecture (or hybrid layer pattern) and
+length, and decoding."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from pathlib import Path
 
 from ecp_lm.cli.base import Command, check_at_least
 
+DECODE_STEPS = 16
+"""Timed decode steps of each ``--decode`` length."""
+
 
 def _ints(text: str) -> list[int]:
     try:
@@ -20,10 +24,14 @@ def _ints(text: str) -> list[int]:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from ecp_lm.cli.complexity import add_pattern_argument
     from ecp_lm.config import ARCHS
 
     parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
-                        help="architectures to measure (default: all)")
+                        help="architectures to measure (default: all; may be empty, '', with "
+                             "--pattern)")
+    add_pattern_argument(parser, "after the --archs cases, a hybrid case, hybrid(P), sized as "
+                                 "they are (with --decode also decoded beside the transformer)")
     parser.add_argument("--seq-lens", type=_ints, default=[1024, 2048, 4096, 8192, 16384],
                         metavar="N,N,...", help="sequence lengths (default: 1024,...,16384)")
     parser.add_argument("--d-model", type=int, default=256, help="model width (default: 256)")
@@ -54,8 +62,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="instead of one mode, every case eager and compiled, in fp32 and "
                              "bf16, with tokens/s as a ratio to eager fp32 in the same run")
     parser.add_argument("--decode", action="store_true",
-                        help="also measure cached decoding: ECP against the transformer at "
-                             "each of --decode-lengths, then decode steps at batch 1 and 16 at "
+                        help="also measure cached decoding: ECP (and each --pattern's hybrid) "
+                             "against the transformer at each of --decode-lengths, then decode "
+                             "steps of ECP and the transformer at batch 1 and 16 at "
                              "--decode-window in three modes (eager on library kernels, eager, "
                              "compiled), each beside the memory-bandwidth "
                              "floor (parameter and cache bytes read per step ÷ the copy "
@@ -104,7 +113,7 @@ def check_arguments(args: argparse.Namespace) -> None:
                     if getattr(args, o) is not None]
     if loss_options and not args.loss_memory:
         raise ValueError(f"--{loss_options[0].replace('_', '-')} is an option of --loss-memory")
-    others = [o for o in ("train_modes", "decode", "decode_only", "compile", "plot")
+    others = [o for o in ("train_modes", "decode", "decode_only", "compile", "plot", "pattern")
               if getattr(args, o)]
     if args.loss_memory and others:
         raise ValueError(f"--loss-memory measures one eager step on its own; it does not take "
@@ -115,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
     import torch
 
     from ecp_lm.bench import decode, training
-    from ecp_lm.bench.core import BenchSpec, model_config
+    from ecp_lm.bench.core import BenchSpec, case_names, model_config
     from ecp_lm.cli.complexity import parse_archs
     from ecp_lm.fsutil import write_bytes_atomic
     from ecp_lm.outputs import check_file, is_json_report, is_png_plot
@@ -135,7 +144,8 @@ def run(args: argparse.Namespace) -> int:
         torch.set_num_threads(args.threads)
     if args.loss_memory:
         return _loss_memory(args, spec)
-    archs = parse_archs(args.archs)
+    patterns = list(dict.fromkeys(args.pattern))
+    archs = case_names(parse_archs(args.archs, allow_empty=bool(patterns)), patterns)
     if args.decode_only:
         args.decode = True
     if args.decode and (args.decode_window <= 0 or args.decode_window % args.segment_len):
@@ -145,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
         for n in args.seq_lens:  # invalid sizes fail here, in one line, before anything runs
             for arch in archs:
                 model_config(arch, n, spec)
+    if args.decode:
+        decode.decode_configs(max(args.decode_lengths), DECODE_STEPS, spec, tuple(patterns))
     if args.decode_only:
         results = []
     elif args.train_modes:
@@ -158,10 +170,12 @@ def run(args: argparse.Namespace) -> int:
         print(training.format_table(results))
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        **vars(spec), "threads": torch.get_num_threads(),
+                       "patterns": patterns,
                        "kernels": {r["arch"]: r["kernel"] for r in results}},
               "train": results}
     if args.decode:
-        report["decode"] = decode.run_decode(args.decode_lengths, 16, spec)
+        report["decode"] = decode.run_decode(args.decode_lengths, DECODE_STEPS, spec,
+                                             patterns=tuple(patterns))
         print(decode.format_decode(report["decode"]))
         report["decode_modes"] = decode.run_decode_modes(spec, args.decode_window)
         print(decode.format_decode_modes(report["decode_modes"]))

@@ -59,9 +59,10 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     return {**fields, **overrides}
 
 
-def parse_archs(text: str) -> list[str]:
+def parse_archs(text: str, allow_empty: bool = False) -> list[str]:
+    """The architectures of ``--archs``, each once, in order (none only if ``allow_empty``)."""
     archs = [a.strip() for a in text.split(",") if a.strip()]
-    if not archs:
+    if not archs and not allow_empty:
         raise ValueError("--archs names no architecture")
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
@@ -72,14 +73,26 @@ def parse_archs(text: str) -> list[str]:
 def add_complexity_arguments(parser: argparse.ArgumentParser) -> None:
     add_config_arguments(parser)
     parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
-                        help="comma-separated architectures to compare (default: all)")
+                        help="comma-separated architectures to compare (default: all; may be "
+                             "empty, '', with --pattern)")
+    add_pattern_argument(parser, "after the --archs rows, a hybrid row (its cost the sum of "
+                                 "its layers') for each")
     parser.add_argument("--json", action="store_true",
                         help="print a JSON list (one object per architecture: per-layer and "
-                             "total entries and FLOPs, ratios) instead of the table")
+                             "total entries and FLOPs, ratios; a hybrid's layer_pattern and "
+                             "layer_archs) instead of the table")
+
+
+def add_pattern_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--pattern P``, repeatable: hybrid layer patterns (``ModelConfig.layer_pattern``)."""
+    parser.add_argument("--pattern", action="append", default=[], metavar="P",
+                        help=f"a hybrid's layer pattern, e.g. 'sliding_window*5,transformer' "
+                             f"(repeatable); {what}")
 
 
 def run_complexity(args: argparse.Namespace) -> int:
-    costs = compare(config_fields(args), parse_archs(args.archs))
+    archs = parse_archs(args.archs, allow_empty=bool(args.pattern))
+    costs = compare(config_fields(args), archs, list(dict.fromkeys(args.pattern)))
     if args.json:
         print(json.dumps([c.to_dict() for c in costs], indent=2))
     else:
