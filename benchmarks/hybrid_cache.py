@@ -45,6 +45,7 @@ from pathlib import Path
 import torch
 
 from ecp_lm import build_model
+from ecp_lm.bench.complexity import run_lengths
 from ecp_lm.bench.core import BenchSpec, CreatedBytes, case_names, model_config, split_label
 from ecp_lm.config import ModelConfig
 
@@ -161,21 +162,10 @@ def print_table(rows: list[dict]) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         ms = "-" if r["ms_per_token"] is None else f"{r['ms_per_token']:.2f}"
-        print(f"| {r['case']} | {r['seq_len']:,} | {_runs(r['layer_slots'])} "
+        print(f"| {r['case']} | {r['seq_len']:,} | {run_lengths(r['layer_slots'], ', ')} "
               f"| {r['allocated_bytes'] / 2**20:,.2f} | {r['storage_bytes'] / 2**20:,.2f} "
               f"| {r['kv_bytes'] / 2**20:,.2f} | {r['ratio']:.4f} | {r['analytic_ratio']:.4f} "
               f"| {r['deviation']:+.2e} | {ms} |")
-
-
-def _runs(values: list[int]) -> str:
-    """``[387, 387, 4096]`` -> ``387×2, 4096``."""
-    runs: list[list[int]] = []
-    for value in values:
-        if runs and runs[-1][0] == value:
-            runs[-1][1] += 1
-        else:
-            runs.append([value, 1])
-    return ", ".join(f"{v}" + (f"×{k}" if k > 1 else "") for v, k in runs)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

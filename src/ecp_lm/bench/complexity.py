@@ -208,7 +208,7 @@ def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str],
     return costs
 
 
-def _run_lengths(values: Iterable[int]) -> str:
+def run_lengths(values: Iterable[int], separator: str = " + ") -> str:
     """``[5, 3, 3, 3, 1]`` -> ``"5 + 3×3 + 1"``, numbers with thousands separators."""
     runs: list[list[int]] = []
     for value in values:
@@ -216,7 +216,7 @@ def _run_lengths(values: Iterable[int]) -> str:
             runs[-1][1] += 1
         else:
             runs.append([value, 1])
-    return " + ".join(f"{v:,}" + (f"×{k}" if k > 1 else "") for v, k in runs)
+    return separator.join(f"{v:,}" + (f"×{k}" if k > 1 else "") for v, k in runs)
 
 
 def _sizes(cost: AttentionCost) -> str:
@@ -229,7 +229,7 @@ def format_table(costs: list[AttentionCost]) -> str:
     """A plain aligned text table of ``costs``, with a title line and a legend."""
     header = ("arch", "sizes", "entries per layer", "total entries", "fwd GFLOPs",
               "vs causal", "vs full", "tile vs full")
-    body = [(c.label, _sizes(c), _run_lengths(c.entries_per_layer), f"{c.entries:,}",
+    body = [(c.label, _sizes(c), run_lengths(c.entries_per_layer), f"{c.entries:,}",
              f"{c.flops / 1e9:.2f}", f"{c.ratio_to_causal:.1%}", f"{c.ratio_to_full:.1%}",
              f"{c.tile_ratio_to_full:.1%}") for c in costs]
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
