@@ -24,7 +24,8 @@ from ecp_lm.train.loop import train
 from helpers import TINY, random_tokens, sharp_model, tiny_config, tiny_run_config
 
 N, VOCAB = TINY["seq_len"], TINY["vocab_size"]  # m = 8, w = 13, b = 16, G = 8
-README = ("sliding_window*5,transformer", "block_local*3,transformer", "ecp*3,transformer")
+README = ("sliding_window*5,transformer", "block_local*3,transformer", "ecp*3,transformer",
+          "block_local*5,transformer", "ecp*5,transformer")
 LOCAL = ("ecp,sliding_window", "sliding_window,ecp,s2,block_local", "s2*2,ecp")
 PATTERNS = README + LOCAL + ("transformer,ecp", "ecp,block_local*2,transformer,s2")
 
