@@ -2,7 +2,7 @@
 
 On a terminal a tqdm bar redraws in place. Redirected to a file or a pipe, every redraw would be
 one more carriage-return update in the log, so bars are off there and long jobs print a plain
-line now and then instead (training: one line per validation).
+line now and then instead (training: one line per ``log_every`` record and per validation).
 """
 
 from __future__ import annotations

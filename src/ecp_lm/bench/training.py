@@ -76,7 +76,7 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     precision = resolve_precision(spec.precision, device)
     loss = torch.compile(model.loss, fullgraph=True) if spec.compile else model.loss
     mark = memory_mark(device)
-    with autocast(precision, device), _kernels_run(model) as kernels:
+    with autocast(precision, device), kernels_run(model) as kernels:
         times = time_steps(model, optimizer, tokens, spec, loss)
         peak = peak_bytes(device, mark)
         bare = None
@@ -123,7 +123,7 @@ def product_share(model, optimizer, tokens, loss=None) -> float:
 
 
 @contextmanager
-def _kernels_run(model) -> Iterator[set[str]]:
+def kernels_run(model) -> Iterator[set[str]]:
     """The names of the attention kernels the model's layers run while the block runs (each
     ``choose_kernel`` answer for the model's architecture; a hybrid's as ``kind:kernel``, for
     each of its layers' architectures)."""
@@ -281,10 +281,16 @@ def matmul_rate(device: torch.device, dtype: torch.dtype, d_model: int, rows: in
 
 def step_flops(cfg: ModelConfig, batch: int) -> int:
     """Matrix-product FLOPs of one training step on ``batch`` windows of ``cfg``: three times the
-    forward's (the backward runs two products for each product of the forward: the gradients of
-    both operands). The forward's are those of the linear maps, counted by torch's
-    ``FlopCounterMode`` over a forward with attention passed through, plus attention's
-    (``attention_cost``: 4 · d_model per attended entry)."""
+    forward's (``forward_flops``; the backward runs two products for each product of the
+    forward: the gradients of both operands)."""
+    return 3 * sum(forward_flops(cfg, batch))
+
+
+def forward_flops(cfg: ModelConfig, batch: int) -> tuple[int, int]:
+    """Matrix-product FLOPs of one forward on ``batch`` windows of N = ``cfg.seq_len``, as
+    (linear maps, attention). The linear maps' are counted by torch's ``FlopCounterMode`` over a
+    forward of the model built on the meta device (nothing allocated) with attention passed
+    through; attention's are ``attention_cost``'s, 4 · d_model per attended entry."""
     from torch.utils.flop_counter import FlopCounterMode
 
     with torch.device("meta"):
@@ -293,7 +299,7 @@ def step_flops(cfg: ModelConfig, batch: int) -> int:
     pass_attention_through(model)
     with torch.no_grad(), FlopCounterMode(display=False) as counter:
         model(tokens)
-    return 3 * (counter.get_total_flops() + batch * attention_cost(cfg).flops)
+    return counter.get_total_flops(), batch * attention_cost(cfg).flops
 
 
 def add_flop_floor(rows: list[dict[str, Any]], rates: dict[str, float],

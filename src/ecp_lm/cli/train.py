@@ -14,6 +14,7 @@ EPILOG = """{title}
 
 examples:
   ecp train --config demo --out runs/ecp
+  ecp train --config configs/wikitext103-ecp.yaml --dry-run
   ecp train --config demo --out runs/par model.arch=perceiver_ar
   ecp train --resume --out runs/ecp train.steps=1200
   torchrun --nproc_per_node 2 -m ecp_lm train --config demo --out runs/ddp
@@ -72,9 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"a preset ({', '.join(RUN_PRESETS)}) or a YAML file with "
                              f"model/data/train sections; required unless --resume, which "
                              f"without it reads the run's own DIR/config.yaml")
-    parser.add_argument("--out", required=True, metavar="DIR",
+    parser.add_argument("--out", metavar="DIR",
                         help="run folder: config.yaml, metrics.jsonl, latest/ and best/ "
-                             "checkpoints")
+                             "checkpoints (required unless --dry-run)")
     parser.add_argument("--resume", action="store_true",
                         help="continue the run in --out from its latest checkpoint (the model "
                              "and data config must be unchanged); a run stopped before its "
@@ -87,9 +88,65 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="stop after this step (0 .. train.steps) as an interruption would "
                              "(checkpoint written, resumable; 0 writes the initial weights)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    add_dry_run_arguments(parser)
     parser.add_argument("overrides", nargs="*", type=override, metavar="section.key=value",
                         help="config overrides, anywhere among the options, e.g. "
                              "model.d_model=128 train.lr=3e-4")
+
+
+def add_dry_run_arguments(parser: argparse.ArgumentParser) -> None:
+    from ecp_lm.run.dry_run import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS
+
+    group = parser.add_argument_group(
+        "dry run", "print what the run would cost and exit: nothing is trained, no data or\n"
+                   "tokenizer is read, nothing is written (not even --out)")
+    group.add_argument("--dry-run", action="store_true",
+                       help="build the model from the config alone (meta device) and print "
+                            "its parameters with and without the token embedding, FLOPs per "
+                            "token (counted over one forward; training = 3 x forward), tokens "
+                            "per step, total steps, tokens and FLOPs, GPU-hours = FLOPs / "
+                            "(MFU x peak) / 3600, and the peak memory per device, estimated "
+                            "from one forward and backward pass on a small micro-batch on the "
+                            "CPU, its activations scaled linearly to the config's micro-batch")
+    group.add_argument("--mfu", type=float, metavar="FRACTION",
+                       help=f"the share of the device's peak FLOP/s a step achieves, in (0, 1] "
+                            f"(default {DEFAULT_MFU})")
+    group.add_argument("--peak-tflops", type=float, metavar="TFLOPS",
+                       help=f"the device's peak, TFLOP/s (default {DEFAULT_PEAK_TFLOPS}: an "
+                            f"H100 SXM, dense bf16)")
+    group.add_argument("--world-size", type=int, metavar="K",
+                       help="processes of the run, for tokens per step (default: $WORLD_SIZE, "
+                            "else 1)")
+    group.add_argument("--measure-batch", type=int, metavar="B",
+                       help="windows of the measured pass (default 1)")
+    group.add_argument("--measure-len", type=int, metavar="T",
+                       help="tokens per window of the measured pass, at most model.seq_len "
+                            "(default: the longest of N, N/2, N/4, ... whose step stays within "
+                            "about 1e11 FLOPs; the explicit model sizes shortened alike)")
+    group.add_argument("--measure-device", metavar="DEVICE",
+                       help="where the measured pass runs: cpu (default) or cuda[:N], under "
+                            "the config's train.precision")
+
+
+DRY_RUN_OPTIONS = ("mfu", "peak_tflops", "world_size", "measure_batch", "measure_len",
+                   "measure_device")
+
+
+def run_dry(args: argparse.Namespace, cfg) -> int:
+    """``--dry-run``: print the estimate of ``cfg``'s run."""
+    from ecp_lm.run.dry_run import DEFAULT_MFU, DEFAULT_PEAK_TFLOPS, dry_run, format_dry_run
+
+    source = args.config if args.config is not None else str(run_folder_config(args.out))
+    report = dry_run(source, cfg,
+                     mfu=DEFAULT_MFU if args.mfu is None else args.mfu,
+                     peak_tflops=(DEFAULT_PEAK_TFLOPS if args.peak_tflops is None
+                                  else args.peak_tflops),
+                     world_size=args.world_size,
+                     measure_batch=1 if args.measure_batch is None else args.measure_batch,
+                     measure_len=args.measure_len,
+                     measure_device="cpu" if args.measure_device is None else args.measure_device)
+    print(format_dry_run(report))
+    return 0
 
 
 def run_folder_config(out: str) -> Path:
@@ -107,6 +164,9 @@ def load_config(args: argparse.Namespace):
     if not args.resume:
         raise UsageError("the following arguments are required: --config (only --resume can "
                          "do without it: it reads the run's own config.yaml)")
+    if args.out is None:
+        raise UsageError("--resume without --config reads the run's DIR/config.yaml: give "
+                         "--out DIR")
     path = run_folder_config(args.out)
     if not path.is_file():
         raise ValueError(f"--resume without --config reads the run's {path}, which does not "
@@ -115,6 +175,22 @@ def load_config(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from ecp_lm.cli.base import UsageError
+
+    given = [name for name in DRY_RUN_OPTIONS if getattr(args, name) is not None]
+    if given and not args.dry_run:
+        option = "--" + given[0].replace("_", "-")
+        raise UsageError(f"{option} sets up --dry-run, which is not given")
+    if args.out is None and not args.dry_run:
+        raise UsageError("the following arguments are required: --out (only --dry-run can "
+                         "do without it)")
+    cfg = load_config(args)
+    if args.dry_run:  # estimates a run on another machine too: train.device is not checked
+        return run_dry(args, cfg)
+    return run_training(args, cfg)
+
+
+def run_training(args: argparse.Namespace, cfg) -> int:
     import torch
 
     from ecp_lm.cli.base import PROG, report_interrupted
@@ -123,7 +199,6 @@ def run(args: argparse.Namespace) -> int:
     from ecp_lm.runtime import resolve_device
     from ecp_lm.train.loop import TrainingDivergedError, train
 
-    cfg = load_config(args)
     resolve_device(cfg.train.device, "train.device")  # here, so that an error names the key
     try:
         result = train(cfg, args.out, resume=args.resume, progress=not args.quiet,

@@ -11,7 +11,8 @@
 * ``digits`` -- scikit-learn's bundled 8x8 ``load_digits``: 64 tokens, kept at their native
   17 levels (values 0..16, ``vocab_size=17``) rather than rescaled, so no token is unused.
 
-CIFAR-10 is read from the python pickle batches (``data_batch_1..5``, ``test_batch``); its
+CIFAR-10 is read from the python pickle batches (``data_batch_1..5``, ``test_batch``) or from
+the Hub's Parquet files (``hf:uoft-cs/cifar10``: the same images as PNGs, read in row order); its
 validation split is a seeded ``valid_fraction`` of the 50,000 training images (45k/5k/10k by
 default) and its test split is ``test_batch``. mnist-5k and digits are split per class
 (stratified) into train/valid/test by ``np.random.default_rng(seed)``, so a seed fixes the split
@@ -30,6 +31,8 @@ import numpy as np
 import torch
 
 from ecp_lm.data.fetch import MNIST_5K, fetch
+from ecp_lm.data.hub import is_hub
+from ecp_lm.data.parquet import has_parquet, read_cifar10
 
 PIXEL_DATASETS = ("scifar10", "scifar10-rgb", "mnist-5k", "digits")
 SPLITS = ("train", "valid", "test")
@@ -132,17 +135,29 @@ def cifar_to_tokens(data: np.ndarray, grayscale: bool) -> np.ndarray:
     return np.clip(np.floor(gray + 0.5), 0, 255).astype(np.uint8)  # round half up
 
 
-def load_cifar10(path: str | Path, grayscale: bool = True, valid_fraction: float = 0.1,
-                 seed: int = 0) -> PixelSequences:
-    """CIFAR-10 from the ``cifar-10-batches-py`` folder as sCIFAR-10 (or RGB) token sequences."""
+def _read_cifar(path: str | Path) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The training parts and, last, the test part of CIFAR-10 (channel-major data, labels):
+    the pickle batches, or the Hub's Parquet files (``hf:uoft-cs/cifar10`` or a folder in that
+    layout, ``ecp_lm.data.parquet``)."""
     root = Path(path)
+    if is_hub(path) or (not (root / CIFAR_TRAIN_FILES[0]).exists() and has_parquet(root)):
+        splits = read_cifar10(path)
+        return [splits["train"], splits["test"]]
     if not root.is_dir():
         raise ValueError(f"{root}: CIFAR-10 folder not found (expected cifar-10-batches-py with "
-                         f"{', '.join(CIFAR_TRAIN_FILES)} and {CIFAR_TEST_FILE})")
+                         f"{', '.join(CIFAR_TRAIN_FILES)} and {CIFAR_TEST_FILE}, or the Hub's "
+                         f"Parquet files, hf:uoft-cs/cifar10)")
+    # Read every file before converting any, so a bad last file fails fast.
+    return [_read_cifar_batch(root / name) for name in (*CIFAR_TRAIN_FILES, CIFAR_TEST_FILE)]
+
+
+def load_cifar10(path: str | Path, grayscale: bool = True, valid_fraction: float = 0.1,
+                 seed: int = 0) -> PixelSequences:
+    """CIFAR-10 from the ``cifar-10-batches-py`` folder (or the Hub's Parquet files) as
+    sCIFAR-10 (or RGB) token sequences."""
     if not 0 <= valid_fraction < 1:
         raise ValueError(f"valid_fraction={valid_fraction} must be in [0, 1)")
-    # Read every file before converting any, so a bad last file fails fast.
-    parts = [_read_cifar_batch(root / name) for name in (*CIFAR_TRAIN_FILES, CIFAR_TEST_FILE)]
+    parts = _read_cifar(path)
     tokens = [cifar_to_tokens(data, grayscale) for data, _ in parts]
     train_x, train_y = np.concatenate(tokens[:-1]), np.concatenate([y for _, y in parts[:-1]])
     num_valid = round(valid_fraction * len(train_x))
@@ -226,10 +241,11 @@ def load_digits_dataset(test_fraction: float = 0.2, valid_fraction: float = 0.1,
 
 def load_pixel_dataset(name: str, path: str | Path | None = None, seed: int = 0) -> PixelSequences:
     """Load one of :data:`PIXEL_DATASETS` with default fractions; ``path`` is the CIFAR-10 folder
-    (required) or the mnist-5k csv.gz (optional); digits takes none."""
+    or ``hf:`` location (required) or the mnist-5k csv.gz (optional); digits takes none."""
     if name in ("scifar10", "scifar10-rgb"):
         if path is None:
-            raise ValueError(f"{name} needs the path of the cifar-10-batches-py folder")
+            raise ValueError(f"{name} needs the path of the cifar-10-batches-py folder (or "
+                             f"hf:uoft-cs/cifar10)")
         return load_cifar10(path, grayscale=name == "scifar10", seed=seed)
     if name == "mnist-5k":
         return load_mnist_5k(seed=seed, csv_gz=Path(path) if path is not None else None)

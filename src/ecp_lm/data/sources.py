@@ -1,10 +1,11 @@
 """Text sources in their standard on-disk layouts (SPEC §7), and ``open_source``, which opens
-one by name.
+one by name (also in the Hub's Parquet layout, ``ecp_lm.data.parquet``).
 
 The default token cache folder of a source is named after the source, a short key of its
-location (the resolved paths it was opened with and how they are split, never their contents) and
-the tokenizer: two corpora never share a folder, and one corpus keeps its folder when its files
-change (the content hash then triggers a rebuild in place).
+location (the resolved paths it was opened with and how they are split, or the Hub repository,
+revision and config, never their contents) and the tokenizer: two corpora never share a folder,
+and one corpus keeps its folder when its files change (the content hash then triggers a rebuild
+in place).
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecp_lm.data.fetch import ENWIKI_MINI, cache_root, fetch
+from ecp_lm.data.hub import is_hub
+from ecp_lm.data.parquet import has_parquet, open_pg19, open_wikitext103
 from ecp_lm.data.sympy_code import SympyCode
 from ecp_lm.data.text_source import SPLITS, TextSource
 from ecp_lm.fsutil import write_bytes_atomic
@@ -179,7 +182,11 @@ def open_source(name: str, path: str | Path | None = None, *,
     """A source by name. ``paths``, ``splits`` and ``fractions`` are for ``text``; ``variant``
     (tokens / raw) for ``wikitext103``; ``cache`` (the download folder) for ``enwiki-mini``
     and ``sympy-code``. ``path_setting`` is what errors name as the setting that gives
-    ``path``: the run config's ``data.path`` (the default), or an option (``--path``)."""
+    ``path``: the run config's ``data.path`` (the default), or an option (``--path``).
+
+    ``wikitext103`` and ``pg19`` also read the Hub's Parquet layout (``ecp_lm.data.parquet``):
+    from a Hub dataset, ``path`` ``hf:OWNER/NAME[@REVISION]``, or from a local folder that holds
+    Parquet files and not the source's own files."""
     given = [p for p in (path, *paths, *(splits or {}).values()) if p is not None]
     if name in ("enwiki-mini", "sympy-code"):
         if given:
@@ -189,14 +196,35 @@ def open_source(name: str, path: str | Path | None = None, *,
     if name == "text":
         if not given:
             raise ValueError(f"source text needs {path_setting}: its files or folders")
+        if any(is_hub(p) for p in given):
+            raise ValueError(f"{path_setting}: source text is not read from the Hub "
+                             f"(hf: locations are for wikitext103 and pg19)")
         return TextFiles([*paths, *([path] if path else [])], splits, fractions)
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r}; sources: {', '.join(SOURCES)}")
     if path is None:
         raise ValueError(f"source {name} needs {path_setting} (its file or folder)")
     if name == "wikitext103":
+        if _in_parquet(path, ("wiki.train.tokens", "wiki.train.raw")):
+            return open_wikitext103(path, variant)
         return WikiText103(path, variant)
-    return PG19(path) if name == "pg19" else Enwik8(path)
+    if name == "pg19":
+        return open_pg19(path) if _in_parquet(path, ("train/*.txt",)) else PG19(path)
+    if is_hub(path):
+        raise ValueError(f"{path_setting}={path}: source {name} is not read from the Hub "
+                         f"(hf: locations are for wikitext103 and pg19)")
+    return Enwik8(path)
+
+
+def _in_parquet(path: str | Path, own_layout: Sequence[str]) -> bool:
+    """Whether ``path`` is a Hub location or a folder in the Hub's Parquet layout rather than
+    in the source's own layout (a folder with a file matching one of ``own_layout``)."""
+    if is_hub(path):
+        return True
+    folder = Path(path)
+    if any(next(iter(folder.glob(pattern)), None) is not None for pattern in own_layout):
+        return False
+    return has_parquet(folder)
 
 
 def default_cache_dir(source: TextSource, tokenizer_key: str) -> Path:

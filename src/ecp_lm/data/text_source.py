@@ -10,6 +10,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import BinaryIO
 
 SPLITS = ("train", "valid", "test")
 CHUNK_BYTES = 1 << 20
@@ -44,21 +45,7 @@ class TextSource:
         for path, start, stop in self.ranges(split):
             with open(path, "rb") as f:
                 f.seek(start)
-                left, carry = stop - start, b""
-                while left > 0:
-                    data = f.read(min(chunk_bytes, left))
-                    if not data:
-                        raise ValueError(f"{path} shrank while being read")
-                    block = carry + data
-                    left = stop - f.tell()
-                    cut = block.rfind(b"\n") + 1 if left > 0 else len(block)
-                    if cut == 0:  # no line end yet: keep reading
-                        carry = block
-                        continue
-                    carry = block[cut:]
-                    yield block[:cut]
-                if carry:
-                    yield carry
+                yield from cut_at_lines(f, stop - start, chunk_bytes, path)
 
     def identity(self) -> dict:
         """Files, sizes and a hash of them and of the byte ranges of each split: content sha256
@@ -82,3 +69,23 @@ class TextSource:
         ranges = {s: [(str(p), a, b) for p, a, b in self.ranges(s)] for s in SPLITS}
         return {"source": self.name, "hash": digest.hexdigest(), "hash_method": method,
                 "files": len(files), "ranges": ranges if len(files) <= 16 else None}
+
+
+def cut_at_lines(f: BinaryIO, length: int, chunk_bytes: int, name: object) -> Iterator[bytes]:
+    """The next ``length`` bytes of ``f`` in chunks of about ``chunk_bytes``, each ending at a
+    line end except the last; ``name`` is what an error calls ``f``."""
+    left, carry = length, b""
+    while left > 0:
+        data = f.read(min(chunk_bytes, left))
+        if not data:
+            raise ValueError(f"{name} shrank while being read")
+        block = carry + data
+        left -= len(data)
+        cut = block.rfind(b"\n") + 1 if left > 0 else len(block)
+        if cut == 0:  # no line end yet: keep reading
+            carry = block
+            continue
+        carry = block[cut:]
+        yield block[:cut]
+    if carry:
+        yield carry

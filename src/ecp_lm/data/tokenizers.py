@@ -1,6 +1,8 @@
 """Tokenizers (SPEC §7): raw bytes (vocab 256), a byte-level BPE trained locally with Hugging Face
-`tokenizers`, or a tokenizer file given by path (`tokenizer.json`, or a GPT-2 style `.tiktoken`
-rank file converted on load). Nothing is ever fetched from a hub.
+`tokenizers`, a tokenizer file given by path (`tokenizer.json`, or a GPT-2 style `.tiktoken`
+rank file converted on load), or the `tokenizer.json` of a Hugging Face Hub model repository
+given as `hf:REPO[@REVISION]` (`hf:gpt2`), read from the local hub cache (`ecp_lm.data.hub`).
+A Hub tokenizer is a file tokenizer like any other: its identity is its content's.
 
 Conventions: ids are 1-D `np.int64` arrays; `identity` is a sha256 of a canonical serialisation, so
 token caches can be keyed on it; text that is not valid UTF-8 is encoded with U+FFFD replacements
@@ -22,6 +24,8 @@ from typing import Any
 import numpy as np
 from tokenizers import Regex, decoders, models, pre_tokenizers, trainers
 from tokenizers import Tokenizer as _HFCore
+
+from ecp_lm.data.hub import hub_file, is_hub, parse_hub
 
 TOKENIZER_FILE = "tokenizer.json"
 _BYTES_MARKER = {"ecp_lm_tokenizer": "bytes", "version": 1}
@@ -289,7 +293,10 @@ def _read_text(path: Path) -> str:
 
 
 def load_tokenizer_file(path: str | Path) -> HFTokenizer:
-    """A local `tokenizer.json` (or a directory holding one) or a GPT-2 style `.tiktoken` file."""
+    """A local `tokenizer.json` (or a directory holding one), a GPT-2 style `.tiktoken` file, or
+    `hf:REPO[@REVISION]`, the `tokenizer.json` of a Hub model repository."""
+    if is_hub(path):
+        path = hub_file(parse_hub(str(path), "model"), TOKENIZER_FILE, "tokenizer")
     path = Path(path)
     if path.is_dir():
         path = path / TOKENIZER_FILE
@@ -321,7 +328,8 @@ def make_tokenizer(
     vocab_size: int = 4096,
     show_progress: bool = False,
 ) -> Tokenizer:
-    """"bytes", "bpe" (trained on `train_texts()`), or a path to a local tokenizer file."""
+    """"bytes", "bpe" (trained on `train_texts()`), a path to a local tokenizer file, or
+    `hf:REPO` (the `tokenizer.json` of a Hub model repository)."""
     if spec == "bytes":
         return ByteTokenizer()
     if spec == "bpe":

@@ -25,6 +25,7 @@ from ecp_lm.runtime import parse_device
 SCHEDULES = ("cosine", "halving")
 PATHLESS_SOURCES = ("enwiki-mini", "sympy-code", "digits")  # fetched with pip, or bundled
 PRECISIONS = ("auto", "fp32", "bf16")  # fp16 training would need loss scaling
+LOGGERS = ("tensorboard", "wandb")  # train.logger: besides these, auto or none
 
 
 @dataclass
@@ -35,9 +36,11 @@ class DataConfig:
     """A text source (wikitext103, pg19, enwik8, text, enwiki-mini, sympy-code) or a pixel dataset
     (scifar10, scifar10-rgb, mnist-5k, digits) for sequence classification."""
     path: str | None = None
-    """The source's folder or file."""
+    """The source's folder or file, or ``hf:OWNER/NAME[@REVISION]``: a Hugging Face Hub dataset
+    in the local hub cache (wikitext103, pg19, scifar10, scifar10-rgb)."""
     tokenizer: str = "bytes"
-    """bytes, bpe, or the path of a tokenizer.json / .tiktoken file (text sources)."""
+    """bytes, bpe, the path of a tokenizer.json / .tiktoken file, or ``hf:REPO``: the
+    tokenizer.json of a Hub model repository (text sources)."""
     bpe_vocab_size: int = 4096
     """Vocabulary of the BPE trained on the train split (tokenizer=bpe)."""
     cache_dir: str | None = None
@@ -88,8 +91,18 @@ class TrainConfig:
     """Windows per evaluation batch."""
     checkpoint_every: int = 200
     """Write the latest checkpoint every this many steps (and at the end)."""
+    keep_every: int = 0
+    """Also keep the checkpoint of every this many steps as DIR/step-NNNNNN/ (weights, config,
+    tokenizer), which later saves leave alone (0: off)."""
     log_every: int = 10
-    """Append training metrics every this many steps."""
+    """Append training metrics every this many steps (a line each when output is redirected)."""
+    logger: str = "auto"
+    """Where the metrics also go: tensorboard (DIR/tensorboard/), wandb (Weights & Biases), both
+    (tensorboard,wandb), none, or auto (tensorboard when it is installed)."""
+    wandb_project: str | None = None
+    """logger=wandb: the W&B project (null: $WANDB_PROJECT, else ecp-lm)."""
+    wandb_name: str | None = None
+    """logger=wandb: the W&B run's name (null: the run folder's name)."""
     seed: int = 0
     """Seeds initialisation, data order and dropout."""
     compile: bool = False
@@ -129,9 +142,14 @@ class TrainConfig:
             parse_device(self.device)
         except ValueError as err:
             raise ValueError(f"train.device: {err}") from None
-        for name in ("warmup_steps", "halve_every"):
+        for name in ("warmup_steps", "halve_every", "keep_every"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        names = self.logger.split(",")
+        if names not in (["auto"], ["none"]) and (len(set(names)) < len(names)
+                                                  or not set(names) <= set(LOGGERS)):
+            raise ValueError(f"train.logger={self.logger!r} is not auto, none, or one or more "
+                             f"of {', '.join(LOGGERS)} joined by commas")
         self._check_optimiser()
 
     def _check_optimiser(self) -> None:

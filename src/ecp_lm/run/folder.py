@@ -1,4 +1,5 @@
-"""A training run's folder: ``config.yaml``, ``metrics.jsonl``, ``latest/`` and ``best/``.
+"""A training run's folder: ``config.yaml``, ``metrics.jsonl``, ``latest/``, ``best/`` and the
+checkpoints ``train.keep_every`` keeps (``step-NNNNNN/``).
 
 What may be started and what resumed, and how the folder is made consistent again after a crash:
 - ``ecp train`` writes only into a folder that is missing, empty or recognisably a run folder:
@@ -15,7 +16,9 @@ What may be started and what resumed, and how the folder is made consistent agai
 - resuming restores ``latest/`` and cuts ``metrics.jsonl`` back to its last complete line and to
   the checkpoint's step, so a half-written line or records of steps the checkpoint does not hold
   (they will be run and logged again) never remain; ``best/`` is made to hold the best step of
-  the resumed trajectory (``reconcile_best``), never a step past ``latest/``;
+  the resumed trajectory (``reconcile_best``), never a step past ``latest/``; a kept checkpoint
+  of ``latest/``'s step that a kill left unwritten is written (``reconcile_kept``), and every
+  other kept one stays as it is;
 - ``config.yaml`` is replaced atomically, and ``metrics.jsonl`` is cut through an atomic rewrite.
 """
 
@@ -24,14 +27,17 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+from ecp_lm.data.hub import is_hub
 from ecp_lm.fsutil import (
     LockHeldError,
+    check_replaceable,
     current_version,
     remove_directory,
     try_locked,
@@ -48,8 +54,26 @@ from ecp_lm.run.config import RunConfig
 
 CONFIG, METRICS, KIND, LOCK = "config.yaml", "metrics.jsonl", "run", ".ecp-lm.lock"
 CHECKPOINTS = ("latest", "best")
-WRITTEN = {CONFIG, METRICS, "tensorboard", *CHECKPOINTS, MARKER, LOCK}
-"""What a run writes into its folder (besides the dot-named versions of these)."""
+TENSORBOARD, WANDB, WANDB_ID = "tensorboard", "wandb", "wandb-run-id"
+WRITTEN = {CONFIG, METRICS, TENSORBOARD, WANDB, WANDB_ID, *CHECKPOINTS, MARKER, LOCK}
+"""What a run writes into its folder (besides the dot-named versions of these, and the kept
+checkpoints ``step-NNNNNN``)."""
+KEPT = re.compile(r"step-(\d{6,})")
+"""The name of a checkpoint ``train.keep_every`` keeps: ``step-`` and its step, 6 digits or more."""
+
+
+def kept_path(out_dir: Path, step: int) -> Path:
+    """Where ``train.keep_every`` keeps the checkpoint of ``step``: ``DIR/step-000200``."""
+    return Path(out_dir) / f"step-{step:06d}"
+
+
+def kept_steps(out_dir: Path) -> dict[int, Path]:
+    """The entries of the run folder named like a kept checkpoint, by step (whatever they
+    hold)."""
+    if not Path(out_dir).is_dir():
+        return {}
+    matches = ((KEPT.fullmatch(e.name), e) for e in Path(out_dir).iterdir())
+    return {int(match.group(1)): entry for match, entry in matches if match is not None}
 
 
 def is_legacy_run(path: Path) -> bool:
@@ -150,6 +174,20 @@ def check_run_folder(cfg: RunConfig, out_dir: Path, resume: bool,
     return None  # killed before its first checkpoint: start again
 
 
+def check_kept(out_dir: Path, keep_every: int, start: int, steps: int) -> None:
+    """Refuse, before anything is written, a run that would keep a checkpoint over an entry of
+    the run folder that is not a checkpoint (a user's ``step-000200/``)."""
+    if keep_every <= 0:
+        return
+    for step, path in sorted(kept_steps(out_dir).items()):
+        if max(start, 1) <= step <= steps and step % keep_every == 0:
+            try:
+                check_replaceable(path, is_checkpoint_folder)
+            except ValueError as err:
+                raise ValueError(f"train.keep_every={keep_every} would write {path}, but "
+                                 f"{err}") from None
+
+
 def has_checkpoint(out_dir: Path) -> bool:
     """Whether the run folder holds a ``latest/`` checkpoint (also while a kill left only the
     version folder it names)."""
@@ -158,12 +196,13 @@ def has_checkpoint(out_dir: Path) -> bool:
 
 def with_resolved_paths(cfg: RunConfig) -> RunConfig:
     """``cfg`` with its data paths (``data.path``, ``data.cache_dir``, a tokenizer file) made
-    absolute, as a run stores them: ``ecp eval`` of the run then works from any folder."""
+    absolute, as a run stores them: ``ecp eval`` of the run then works from any folder. An
+    ``hf:`` location is no path and stays as it is."""
     data = cfg.data
     changes = {name: str(Path(value).resolve()) for name, value in (
         ("path", data.path), ("cache_dir", data.cache_dir),
         ("tokenizer", data.tokenizer if data.tokenizer not in ("bytes", "bpe") else None))
-        if value is not None}
+        if value is not None and not is_hub(value)}
     if all(changes[k] == getattr(data, k) for k in changes):
         return cfg
     return dataclasses.replace(cfg, data=dataclasses.replace(data, **changes))
@@ -187,7 +226,10 @@ def prepare_run_folder(cfg: RunConfig, out_dir: Path, step: int, force: bool = F
     claim_folder(out_dir, KIND)
     if force:
         remove_directory(out_dir / "latest", is_checkpoint_folder)
-        shutil.rmtree(out_dir / "tensorboard", ignore_errors=True)
+        for path in kept_steps(out_dir).values():  # only checkpoints; a user's folder stays
+            if is_checkpoint_folder(current_version(path)):
+                remove_directory(path, is_checkpoint_folder)
+        shutil.rmtree(out_dir / TENSORBOARD, ignore_errors=True)
         (out_dir / METRICS).unlink(missing_ok=True)
     write_bytes_atomic(out_dir / CONFIG, cfg.to_yaml().encode())
     cut_metrics(out_dir / METRICS, step)
@@ -220,6 +262,15 @@ def reconcile_best(out_dir: Path, state: dict[str, Any], is_main: bool) -> None:
         state["best_val_loss"], state["best_step"] = math.inf, None
 
 
+def reconcile_kept(out_dir: Path, step: int, keep_every: int) -> None:
+    """Write the kept checkpoint of ``latest/``'s ``step`` if a kill between the two left it
+    unwritten (``latest/`` is written first, the kept one from it); the main rank calls it."""
+    if keep_every > 0 and step > 0 and step % keep_every == 0:
+        path = kept_path(out_dir, step)
+        if _step_of(path) != step:
+            copy_checkpoint(out_dir / "latest", path, kind="kept")
+
+
 def _step_of(path: Path) -> int | None:
     """The step of the checkpoint at ``path``, or None if there is none."""
     try:
@@ -249,28 +300,14 @@ def cut_metrics(path: Path, step: int) -> None:
 
 
 class Metrics:
-    """Appends JSON lines to metrics.jsonl (rank 0 only), and to TensorBoard when installed."""
+    """Appends JSON lines to metrics.jsonl (rank 0 only; ``train.tracking`` sends the same
+    records to TensorBoard and Weights & Biases)."""
 
     def __init__(self, path: Path, enabled: bool):
-        self.path, self.enabled, self.board = path, enabled, None
-        if enabled:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-
-                self.board = SummaryWriter(path.parent / "tensorboard")
-            except ImportError:
-                pass
+        self.path, self.enabled = path, enabled
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
         with open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
-        if self.board is not None:
-            for key, value in record.items():
-                if isinstance(value, float) and key not in ("step", "tokens"):
-                    self.board.add_scalar(f"{record['kind']}/{key}", value, record["step"])
-
-    def close(self) -> None:
-        if self.board is not None:
-            self.board.close()

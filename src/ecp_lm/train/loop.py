@@ -5,8 +5,11 @@ checkpoint selection, exact resume, and data parallelism on PyTorch's own engine
 ``train(cfg, out_dir)`` runs in one process, or in each of ``torchrun``'s processes (DDP with
 gloo on CPU or nccl on CUDA, or FSDP ``fully_shard``), every rank on its own data shard with its
 own dropout masks and only rank 0 writing. ``out_dir`` receives ``config.yaml``,
-``metrics.jsonl``, ``latest/`` (every ``checkpoint_every`` steps, at the end, and when
-interrupted) and ``best/`` (lowest validation loss; the test split is never used here). Resuming
+``metrics.jsonl`` (and the loggers' files: ``train.tracking``), ``latest/`` (every
+``checkpoint_every`` steps, at the end, and when interrupted), ``best/`` (lowest validation loss;
+the test split is never used here) and, every ``keep_every`` steps, a kept copy of ``latest/``
+(``step-000200/``). With progress on and stderr not a terminal, each ``log_every`` record and
+each validation is also printed as one line (``progress``). Resuming
 restores weights, optimizer, every rank's RNG states and the step; batches are a pure function
 of the step, so N steps equal N/2 + resume + N/2 exactly. SIGINT and SIGTERM are honoured between
 steps (``interrupts``), so an interrupted run resumes exactly too.
@@ -39,12 +42,13 @@ from ecp_lm.model.context_parallel import average_gradients
 from ecp_lm.run.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save_checkpoint
 from ecp_lm.run.config import RunConfig, TrainConfig
 from ecp_lm.run.folder import (
-    METRICS,
-    Metrics,
+    check_kept,
     check_run_folder,
     has_checkpoint,
+    kept_path,
     prepare_run_folder,
     reconcile_best,
+    reconcile_kept,
     run_lock,
     with_resolved_paths,
 )
@@ -59,6 +63,7 @@ from ecp_lm.train.distributed import (
     wrap_model,
 )
 from ecp_lm.train.tasks import make_task
+from ecp_lm.train.tracking import Tracking, check_loggers
 
 
 class TrainingDivergedError(RuntimeError):
@@ -112,11 +117,14 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
     if tc.context_parallel > 1:
         check_context_parallel(cfg)
     dist = init_distributed(tc.device, tc.context_parallel)
+    if dist.is_main:  # only rank 0 logs
+        check_loggers(tc.logger)
     ckpt = check_run_folder(cfg, out_dir, resume, force)
     start = ckpt.meta["step"] if ckpt is not None else 0
     if stop_at is not None and stop_at < start:
         raise ValueError(f"--stop-at {stop_at} is before step {start}, where the run in "
                          f"{out_dir} already is")
+    check_kept(out_dir, tc.keep_every, start, tc.steps)
     dist.barrier()  # every rank has checked the folder before rank 0 writes to it
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model)  # identical initial weights on every rank
@@ -134,12 +142,16 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
         prepare_run_folder(cfg, out_dir, state["step"], force)
     if ckpt is not None:
         reconcile_best(out_dir, state, dist.is_main)
+        if dist.is_main:
+            reconcile_kept(out_dir, state["step"], tc.keep_every)
     loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
     try:
         with StopRequest() as stop:
             loop.run(stop_at, progress and dist.is_main, stop)
-    finally:
-        loop.metrics.close()
+    except BaseException as err:
+        loop.metrics.close(exit_code=getattr(err, "exit_code", 1))
+        raise
+    loop.metrics.close()
     return TrainResult(model, state["step"], state["tokens_seen"], state["best_val_loss"],
                        out_dir, state["step"] - start, loop.wrote_latest)
 
@@ -170,17 +182,18 @@ class _Loop:
             self.loss_sum = torch.compile(task.loss_sum, fullgraph=True)
         self.out_dir, self.state = out_dir, state
         self.autocast = autocast(self.tc.precision, dist.device)
-        self.metrics = Metrics(out_dir / METRICS, dist.is_main)
+        self.metrics = Tracking(cfg, out_dir, state["step"], ckpt is not None, dist.is_main)
         self.saved_step = None if ckpt is None else state["step"]  # step held by latest/
         self.wrote_latest = False
         self.last_train: dict[str, Any] | None = None
         self.last_val: float | None = None
         self.show = False
+        self.started = time.perf_counter()
 
     def run(self, stop_at: int | None, show: bool, stop: StopRequest) -> None:
         tc, state = self.tc, self.state
         end = tc.steps if stop_at is None else min(stop_at, tc.steps)
-        self.show = show
+        self.show, self.started = show, time.perf_counter()
         tokens_per_step = self.task.tokens_per_batch * tc.grad_accum * self.dist.data_size
         window: list[float] = []
         window_start = time.perf_counter()
@@ -200,9 +213,13 @@ class _Loop:
                     window, window_start = [], time.perf_counter()
                 if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
                     self.validate()
-                if (state["step"] % tc.checkpoint_every == 0 or state["step"] == end) \
+                keep = tc.keep_every > 0 and state["step"] % tc.keep_every == 0
+                if (state["step"] % tc.checkpoint_every == 0 or state["step"] == end or keep) \
                         and self.saved_step != state["step"]:
                     self.save()
+                if keep and self.dist.is_main:  # from latest/, as best/ is
+                    copy_checkpoint(self.out_dir / "latest",
+                                    kept_path(self.out_dir, state["step"]), kind="kept")
                 if self._stop_agreed(stop):
                     if self.saved_step != state["step"]:
                         self.save()
@@ -263,6 +280,15 @@ class _Loop:
         self.metrics.write(record)
         self.last_train = record
         self.bar.set_postfix(self._postfix(), refresh=False)
+        if not progress_output.interactive():  # no bar: the record as a line in the log
+            progress_output.note(self._train_line(record), self.show)
+
+    def _train_line(self, record: dict[str, Any]) -> str:
+        elapsed = int(time.perf_counter() - self.started)
+        return (f"step {record['step']}/{self.tc.steps}  train loss {record['loss']:.4f}  "
+                f"lr {record['lr']:.3g}  {record['tokens_per_s']:,.0f} tokens/s  "
+                f"{record['tokens']:,} tokens  elapsed {elapsed // 3600}:"
+                f"{elapsed // 60 % 60:02d}:{elapsed % 60:02d}")
 
     def _postfix(self) -> dict[str, str]:
         shown = {}
@@ -322,6 +348,7 @@ class _Loop:
                 "precision": resolve_precision(self.tc.precision, self.dist.device)}
         save_checkpoint(self.out_dir / "latest", model_state, self.cfg, self.task.tokenizer,
                         trainer, meta)
+        self.metrics.flush()  # the loggers hold at least what the checkpoint does
 
 
 def train_or_resume(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> float:

@@ -103,6 +103,18 @@ def load() -> bool:
     return _loaded
 
 
+@contextlib.contextmanager
+def unavailable() -> Iterator[None]:
+    """Run the block as if the native ops could not be built: ``auto`` picks the other kernels,
+    an explicit ``native`` is refused, and nothing is compiled (or written) for them."""
+    global _loaded
+    saved, _loaded = _loaded, False
+    try:
+        yield
+    finally:
+        _loaded = saved
+
+
 def build_directory() -> Path:
     """Where the kernel is compiled: one folder per (Python, torch, CPU instruction set)."""
     from torch.utils.cpp_extension import get_default_build_root

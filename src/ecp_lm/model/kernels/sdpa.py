@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.attention.bias import causal_lower_right
+from torch.utils._python_dispatch import _get_current_dispatch_mode
 
 from ecp_lm.model.kernels import native
 from ecp_lm.model.kernels.masks import Mask, materialize
@@ -51,9 +52,10 @@ def causal_attention(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0) ->
     rq, rk = q.size(-2), k.size(-2)
     if rq == rk:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
-    if torch.compiler.is_compiling():
-        # torch.compile cannot construct the CausalBias tensor subclass (a graph break); the same
-        # mask as a dense boolean (Rq, Rk) tensor traces, and the compiler folds it.
+    if torch.compiler.is_compiling() or _get_current_dispatch_mode() is not None:
+        # Neither torch.compile nor a dispatch mode (a FLOP or memory count) can construct the
+        # CausalBias tensor subclass; the same mask as a dense boolean (Rq, Rk) tensor can (and
+        # the compiler folds it).
         mask = torch.ones(rq, rk, dtype=torch.bool, device=q.device).tril(rk - rq)
     else:
         mask = causal_lower_right(rq, rk)  # lets CUDA use a kernel with the diagonal built in
