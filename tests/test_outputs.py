@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ecp_lm.cli import main
+from ecp_lm.outputs import MARKER, check_folder
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.train.loop import train
 from helpers import tiny_run_config
@@ -240,3 +241,16 @@ def test_relative_data_paths_are_stored_resolved(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(work)
     cfg.train.steps = 3
     assert train(cfg, "run", resume=True, progress=False).step == 3
+
+
+def test_a_folder_another_rank_is_claiming_is_ours(tmp_path):
+    """The ranks of one torchrun job check --out while rank 0 claims it: its lock and its marker
+    in the middle of being written (the temporary sibling before the rename) are ours."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / f"{MARKER}.lock").write_text("123 host\n")
+    (run / f".{MARKER}.tmp-host-123-abcdef01").write_text('{"kind": "run"}\n')
+    assert check_folder(run, "run", "--out") == run
+    (run / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match="notes.txt"):
+        check_folder(run, "run", "--out")

@@ -85,7 +85,9 @@ def check_folder(path: str | Path, kind: str, option: str,
         check_parents(path, option)
         return path
     found = folder_kind(path)
-    empty = all(e.name.startswith(MARKER) for e in path.iterdir())  # at most a lock of ours
+    # At most a lock of ours, or the marker being written (its temporary sibling, ``..ecp-lm.``):
+    # another rank of the same run may be claiming the folder at this instant.
+    empty = all(e.name.startswith((MARKER, f".{MARKER}.")) for e in path.iterdir())
     if found == kind or (found is None and (empty or (legacy is not None and legacy(path)))):
         return path
     what = f"is a {found} folder" if found is not None else f"holds {describe_entries(path)}"
