@@ -106,3 +106,20 @@ def spawn_ranks(worker, world: int, tmp_path):
     tiny_run_config(tmp_path)  # writes the corpus once, before the workers start
     mp.spawn(worker, args=(world, free_port(), tmp_path), nprocs=world, join=True)
     return tmp_path
+
+
+def decode_three_ways(model, prompt, n: int):
+    """Greedy generation of ``n`` tokens after ``prompt`` with the KV caches and without them,
+    and one forward over the result: (tokens, cached logits, uncached tokens, uncached logits,
+    the forward's logits of the same positions, the caches the cached run made)."""
+    from ecp_lm.generation import generate
+
+    caches = []
+    real = model.make_caches
+    model.make_caches = lambda *a, **k: caches.extend(real(*a, **k)) or caches
+    with torch.no_grad():
+        out, logits = generate(model, prompt, n, return_logits=True)
+        plain, plain_logits = generate(model, prompt, n, use_cache=False, return_logits=True)
+        full = model(out[:, :-1])[:, prompt.size(1) - 1:]
+    del model.make_caches
+    return out, logits, plain, plain_logits, full, caches

@@ -155,12 +155,18 @@ def test_greedy_generate_equals_ecp_lm_generate(case, prompt_len):
             assert torch.equal(plain, expected)
 
 
-def test_ecp_generates_past_3n_in_constant_cache_memory():
-    model = sharp_model("ecp", n_layers=3)
+@pytest.mark.parametrize(("case", "n_layers", "batch", "capacities"), [
+    ("ecp", 3, 1, [2 * M] * 3),
+    (LOCAL_HYBRID, None, 2, [2 * M, 8, 13]),  # ecp's 2m, block_local's b, sliding_window's w
+])
+def test_generating_past_3n_keeps_each_layer_s_ring(case, n_layers, batch, capacities):
+    """ECP, and a hybrid of local layers each on a ring of its own capacity: 3N + 7 tokens in
+    constant cache memory, no tokens kept, every ring full."""
+    model = case_model(case, **({} if n_layers is None else {"n_layers": n_layers}))
     wrapper = EcpLmForCausalLM.from_language_model(model)
     sizes = []
     wrapper.register_forward_hook(lambda module, args, out: sizes.append(cache_of(out).nbytes()))
-    prompt = random_tokens(1, 5)
+    prompt = random_tokens(batch, 5)
     n = 3 * N + 7
     with torch.no_grad():
         out = wrapper.generate(prompt, do_sample=False, max_new_tokens=n,
@@ -169,28 +175,9 @@ def test_ecp_generates_past_3n_in_constant_cache_memory():
     assert len(sizes) == n and len(set(sizes)) == 1  # the bytes never grow
     cache = cache_of(out)
     assert isinstance(cache, EcpLmCache) and cache.get_seq_length() == 5 + n - 1
-    assert cache.tokens.numel() == 0  # ECP keeps no tokens: the rings are everything
-    for layer in cache.kv:
-        assert layer.k.size(2) == 2 * M and layer.filled == 2 * M
-
-
-def test_a_local_hybrid_generates_past_3n_on_each_layer_s_own_ring():
-    model = case_model(LOCAL_HYBRID)
-    wrapper = EcpLmForCausalLM.from_language_model(model)
-    sizes = []
-    wrapper.register_forward_hook(lambda module, args, out: sizes.append(cache_of(out).nbytes()))
-    prompt = random_tokens(2, 5)
-    n = 3 * N + 7
-    with torch.no_grad():
-        out = wrapper.generate(prompt, do_sample=False, max_new_tokens=n,
-                               return_dict_in_generate=True)
-    assert torch.equal(out.sequences, generate(model, prompt, n, temperature=0.0))
-    assert len(sizes) == n and len(set(sizes)) == 1  # the bytes never grow
-    cache = cache_of(out)
-    assert cache.tokens.numel() == 0 and cache.get_seq_length() == 5 + n - 1
-    capacities = [layer.k.size(2) for layer in cache.kv]
-    assert capacities == [2 * M, 8, 13]  # ecp's 2m, block_local's b, sliding_window's w
-    assert capacities == [model.arch.layer(i).cache_capacity for i in range(3)]
+    assert cache.tokens.numel() == 0  # the rings are everything: no tokens kept
+    assert [layer.k.size(2) for layer in cache.kv] == capacities
+    assert capacities == [model.arch.layer(i).cache_capacity for i in range(len(capacities))]
     assert all(layer.filled == layer.k.size(2) for layer in cache.kv)
 
 

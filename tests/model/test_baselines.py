@@ -11,12 +11,11 @@ import pytest
 import torch
 
 from ecp_lm import ModelConfig
-from ecp_lm.generation import generate
 from ecp_lm.model.archs.block_local import BlockLocalMask
 from ecp_lm.model.archs.s2 import ShiftedGroupMask
 from ecp_lm.model.archs.sliding_window import SlidingWindowMask
 from ecp_lm.model.kernels.masks import materialize, show
-from helpers import TINY, random_tokens, sharp_model
+from helpers import TINY, decode_three_ways, random_tokens, sharp_model
 
 N, M = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]  # 32, 8
 VOCAB = TINY["vocab_size"]
@@ -141,15 +140,8 @@ def test_cached_generation_past_three_windows_in_constant_memory(arch, slots):
     """Ring caches of w (sliding_window), b (block_local) and G (s2) slots; greedy cached,
     uncached and one full forward give the same logits well past 3N."""
     model = sharp_model(arch, n_layers=3)
-    prompt = random_tokens(2, 5)
-    caches = []
-    real = model.make_caches
-    model.make_caches = lambda *a, **k: caches.extend(real(*a, **k)) or caches
-    with torch.no_grad():
-        out, logits = generate(model, prompt, 3 * N + 7, return_logits=True)
-        plain, plain_logits = generate(model, prompt, 3 * N + 7, use_cache=False,
-                                       return_logits=True)
-        full = model(out[:, :-1])[:, prompt.size(1) - 1:]
+    out, logits, plain, plain_logits, full, caches = decode_three_ways(
+        model, random_tokens(2, 5), 3 * N + 7)
     assert torch.equal(out, plain)
     torch.testing.assert_close(logits, full, atol=1e-4, rtol=0)
     torch.testing.assert_close(plain_logits, full, atol=1e-4, rtol=0)

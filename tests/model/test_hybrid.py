@@ -21,7 +21,14 @@ from ecp_lm.model.cache import decode_span
 from ecp_lm.model.kernels import choose_kernel
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.train.loop import train
-from helpers import TINY, random_tokens, sharp_model, tiny_config, tiny_run_config
+from helpers import (
+    TINY,
+    decode_three_ways,
+    random_tokens,
+    sharp_model,
+    tiny_config,
+    tiny_run_config,
+)
 
 N, VOCAB = TINY["seq_len"], TINY["vocab_size"]  # m = 8, w = 13, b = 16, G = 8
 README = ("sliding_window*5,transformer", "block_local*3,transformer", "ecp*3,transformer",
@@ -208,15 +215,8 @@ def test_local_hybrids_decode_past_three_windows_from_their_rings(pattern):
     """Each layer's ring has its own capacity; cached, uncached and one forward agree 3N + 7
     tokens past the prompt, and every ring holds its last ``capacity`` positions."""
     model = hybrid(pattern, n_layers=4)
-    prompt = random_tokens(2, 5)
-    caches = []
-    real = model.make_caches
-    model.make_caches = lambda *a, **k: caches.extend(real(*a, **k)) or caches
-    with torch.no_grad():
-        out, logits = generate(model, prompt, 3 * N + 7, return_logits=True)
-        plain, plain_logits = generate(model, prompt, 3 * N + 7, use_cache=False,
-                                       return_logits=True)
-        full = model(out[:, :-1])[:, prompt.size(1) - 1:]
+    out, logits, plain, plain_logits, full, caches = decode_three_ways(
+        model, random_tokens(2, 5), 3 * N + 7)
     assert torch.equal(out, plain)
     torch.testing.assert_close(logits, full, atol=1e-4, rtol=0)
     torch.testing.assert_close(plain_logits, full, atol=1e-4, rtol=0)
