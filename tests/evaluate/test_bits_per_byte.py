@@ -59,7 +59,7 @@ def test_text_size_counts_corpus_bytes_under_a_normaliser(ligature_corpus, tmp_p
     assert len(tokens) == 700 and cache.stats("valid")["bytes"] == len(corpus)
     decoded = cache.tokenizer().decode(tokens).encode()
     assert len(decoded) < 0.8 * len(corpus)  # what the decoded-text measure used to count
-    assert cache.text_size("valid", 0, len(tokens)) == (len(corpus), len(corpus.split()) +
+    assert cache.text_size("valid", 0, len(tokens)) == (len(corpus), len(corpus.split()),
                                                         corpus.count(b"\n"))
     for start, stop in ((17, 700), (0, 350), (123, 456)):
         num_bytes = scored_text(cache, "valid", start, stop).num_bytes
@@ -83,7 +83,7 @@ def test_text_size_is_exact_for_bytes_across_chunks(tmp_path):
     def expected(a, b):  # a final line without its line end counts, as in the manifest
         part = valid[a:b]
         open_line = b == len(valid) and not part.endswith(b"\n")
-        return len(part), len(part.split()) + part.count(b"\n") + open_line
+        return len(part), len(part.split()), part.count(b"\n") + open_line
 
     n = len(valid)
     for a, b in ((0, n), (1, n), (5000, n - 3), (n // 2 - 7, n // 2 + 9), (1 << 20, n)):

@@ -58,11 +58,14 @@ def test_report_normalisations(tmp_path):
     cache = prepare(source, "bytes", out=tmp_path / "cache", progress=False)
     scored = scored_text(cache, "valid", 3, len(text))  # seq_len=4, stride=2: from index 3
     assert scored.num_bytes == len(text) - 3
-    # words, plus one per line: the last line counts without its line end
-    assert scored.num_words == len(b" two\nthree four five\nsix".split()) + 3
+    # "two", "three four five", "six": the last line counts without its line end
+    assert (scored.num_words, scored.num_lines) == (5, 3)
     report = lm_report(nll_sum=10 * math.log(2), tokens_scored=5, text=scored)
     assert report["bits_per_byte"] == pytest.approx(10 / scored.num_bytes)
-    assert report["ppl_word"] == pytest.approx(math.exp(10 * math.log(2) / scored.num_words))
+    assert report["ppl_word"] == pytest.approx(math.exp(10 * math.log(2) / 5))
+    assert report["ppl_word_eos"] == pytest.approx(math.exp(10 * math.log(2) / 8))
+    assert (report["bytes_scored"], report["words_scored"], report["lines_scored"]) == (
+        len(text) - 3, 5, 3)
     assert report["loss"] == pytest.approx(2 * math.log(2))
 
 

@@ -9,7 +9,7 @@ import json
 from ecp_lm.cli.base import Command
 
 REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl_word",
-          "examples", "accuracy")
+          "ppl_word_eos", "bytes_scored", "words_scored", "lines_scored", "examples", "accuracy")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

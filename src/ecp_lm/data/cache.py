@@ -70,45 +70,45 @@ class TokenCache:
             return np.load(self.directory / info["index"])
         return np.array([[info[k] for k in INDEX_COLUMNS]], dtype=np.int64)
 
-    def text_size(self, split: str, start: int, stop: int) -> tuple[int, int]:
-        """(bytes, words + lines) of the corpus text that ``tokens(split)[start:stop]`` encode.
-        Chunks inside the range count as the corpus measured them when it was encoded. A chunk
-        the range cuts counts what its cut part decodes to when the whole chunk decodes to the
-        corpus's text (always for the byte tokenizer), else that part's share of the chunk's
-        corpus bytes and words."""
+    def text_size(self, split: str, start: int, stop: int) -> tuple[int, int, int]:
+        """(bytes, words, lines) of the corpus text that ``tokens(split)[start:stop]`` encode:
+        words are whitespace-separated, and a last line without its line end at the end of the
+        split counts as a line. Chunks inside the range count as the corpus measured them when
+        it was encoded. A chunk the range cuts counts what its cut part decodes to when the
+        whole chunk decodes to the corpus's text (always for the byte tokenizer), else that
+        part's share of the chunk's corpus bytes, words and lines."""
         tokens = self.tokens(split)
         start, stop = max(0, start), min(stop, len(tokens))
         if start >= stop:
-            return 0, 0
+            return 0, 0, 0
         index = self.chunk_index(split)
         bounds = np.concatenate([[0], np.cumsum(index[:, 0])])
         first, last = bounds[:-1], bounds[1:]
         inside = (first >= start) & (last <= stop) & (first < stop)
-        num_bytes = float(index[inside, 1].sum())
-        num_words = float(index[inside, 2:].sum())
+        size = index[inside, 1:].sum(axis=0).astype(float)  # bytes, words, lines
         end = len(tokens)
         for c in np.flatnonzero(~inside & (first < stop) & (last > start)):
             a, b = int(first[c]), int(last[c])
             lo, hi = max(a, start), min(b, stop)
-            part, whole = self._measure(tokens[lo:hi], hi == end), self._measure(tokens[a:b],
-                                                                                  b == end)
-            corpus = (int(index[c, 1]), int(index[c, 2:].sum()))
+            part = np.array(self._measure(tokens[lo:hi], hi == end), dtype=float)
+            whole = self._measure(tokens[a:b], b == end)
+            corpus = tuple(int(v) for v in index[c, 1:])
             if whole == corpus:  # this chunk decodes to exactly the corpus's text
-                num_bytes, num_words = num_bytes + part[0], num_words + part[1]
+                size += part
             else:
-                num_bytes += corpus[0] * part[0] / max(whole[0], 1)
-                num_words += corpus[1] * part[1] / max(whole[1], 1)
-        return round(num_bytes), round(num_words)
+                size += np.array(corpus) * part / np.maximum(whole, 1)
+        num_bytes, num_words, num_lines = (round(v) for v in size)
+        return num_bytes, num_words, num_lines
 
-    def _measure(self, ids: np.ndarray, closes_split: bool) -> tuple[int, int]:
-        """Bytes and words + lines of what ``ids`` decode to; at the end of the split a last
+    def _measure(self, ids: np.ndarray, closes_split: bool) -> tuple[int, int, int]:
+        """Bytes, words and lines of what ``ids`` decode to; at the end of the split a last
         line without its line end counts too, as in the manifest."""
         if self.manifest["tokenizer"]["kind"] == "bytes":
             data = np.asarray(ids).astype(np.uint8).tobytes()
         else:
             data = self.tokenizer().decode(np.asarray(ids)).encode("utf-8")
         open_line = closes_split and bool(data) and not data.endswith(b"\n")
-        return len(data), len(data.split()) + data.count(b"\n") + open_line
+        return len(data), len(data.split()), data.count(b"\n") + open_line
 
     def tokenizer(self) -> Tokenizer:
         return load_saved(self.directory)
@@ -296,9 +296,8 @@ def describe(cache: TokenCache) -> str:
              f"{'split':<6} {'tokens':>13} {'bytes':>13} {'words':>12} {'lines':>10} "
              f"{'tok/word':>9} {'bytes/tok':>9} {'invalid utf8':>12}"]
     for split, s in m["splits"].items():
-        words = s["words"] + s["lines"]
         lines.append(f"{split:<6} {s['tokens']:>13,} {s['bytes']:>13,} {s['words']:>12,} "
-                     f"{s['lines']:>10,} {s['tokens'] / max(words, 1):>9.3f} "
+                     f"{s['lines']:>10,} {s['tokens'] / max(s['words'], 1):>9.3f} "
                      f"{s['bytes'] / max(s['tokens'], 1):>9.3f} {s['invalid_utf8']:>12,}")
-    lines.append("tok/word: tokens per word, words = whitespace-separated words + one per line")
+    lines.append("tok/word: tokens per whitespace-separated word")
     return "\n".join(lines)

@@ -4,8 +4,11 @@ The stream is scored with windows of N tokens at stride k (default min(N/2, l), 
 every architecture of a given N): every target from stream index N - k + 1 on is scored exactly
 once with at least N - k tokens of context (``data.batches.eval_windows``). Reported: tokens
 scored, nll_sum (nats), loss (nats/token), ppl_token, bits_per_byte (nll in bits over the UTF-8
-bytes of the scored text) and ppl_word (over its whitespace-separated words plus one end-of-line
-per line, the word-level Wikitext-103 convention).
+bytes of the scored text), ppl_word (over its whitespace-separated words: the normalisation of
+lm-evaluation-harness's ``wikitext`` task), ppl_word_eos (over those words plus one end-of-line
+per line: the tokens of the word-level Wikitext-103 files, ``<eos>`` included, which
+Transformer-XL's and kNN-LM's perplexities count) and the counts behind them (bytes_scored,
+words_scored, lines_scored).
 
 The window may be longer than the run's N (``seq_len``) for architectures that accept any input
 length (``model.arch.max_len is None``: ecp and the local baselines); the default stride is then
@@ -47,14 +50,16 @@ def check_stride(stride: int, seq_len: int, num_predicted: int, arch: str) -> No
 
 @dataclass(frozen=True)
 class ScoredText:
-    """The size of the corpus text whose tokens are scored."""
+    """The size of the corpus text whose tokens are scored: UTF-8 bytes, whitespace-separated
+    words and lines (a last line without its line end included)."""
 
     num_bytes: int
     num_words: int
+    num_lines: int
 
 
 def scored_text(cache: TokenCache, split: str, start: int, stop: int) -> ScoredText:
-    """Bytes and words (+ one per line) of the corpus text that ``cache.tokens(split)[start:
+    """Bytes, words and lines of the corpus text that ``cache.tokens(split)[start:
     stop]`` encode, counted on the corpus itself (``TokenCache.text_size``), not on the decoded
     tokens, which differ from it under a normalising tokenizer or for invalid UTF-8. SPEC §6
     scores targets ``seq_len - stride + 1`` .. the end of the (possibly cut) stream."""
@@ -117,6 +122,10 @@ def lm_report(nll_sum: float, tokens_scored: int, text: ScoredText) -> dict[str,
         "ppl_token": math.exp(min(loss, 700.0)),
         "bits_per_byte": nll_sum / math.log(2) / text.num_bytes,
         "ppl_word": math.exp(min(nll_sum / max(text.num_words, 1), 700.0)),
+        "ppl_word_eos": math.exp(min(nll_sum / max(text.num_words + text.num_lines, 1), 700.0)),
+        "bytes_scored": text.num_bytes,
+        "words_scored": text.num_words,
+        "lines_scored": text.num_lines,
     }
 
 
