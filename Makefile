@@ -13,7 +13,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e '.[dev,images,hf,hub,wandb]'
+	$(BIN)/pip install --quiet -e '.[dev,images,hf,hub,wandb,lmeval]'
 
 demo: setup
 	$(BIN)/ecp demo --out runs/demo

@@ -93,8 +93,11 @@ def test_export_then_from_pretrained_gives_our_logits(case, tmp_path):
     with torch.no_grad():
         for length in (N, M + 3, 1):
             tokens = random_tokens(2, length, seed=length)
+            ours = model(tokens)  # the last P positions (all but for the perceiver family)
             out = loaded(tokens)
-            torch.testing.assert_close(out.logits, model(tokens), atol=1e-6, rtol=0)
+            assert out.logits.size(1) == length
+            torch.testing.assert_close(out.logits[:, length - ours.size(1):], ours, atol=1e-6,
+                                       rtol=0)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -377,9 +380,18 @@ def test_importing_ecp_lm_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
-def test_perceiver_family_predicts_only_its_latents():
-    """The logits of a perceiver-family model cover its predicted positions, as ours."""
+def test_perceiver_family_logits_cover_every_position():
+    """Logits for every position, as a causal LM's (what a harness such as lm-evaluation-harness
+    slices): the last l are the model's own over the window, the first l its predictions in
+    the window of the first l tokens; logits_to_keep keeps the last of them."""
+    x = random_tokens(1, N)
     for arch in PERCEIVER_FAMILY:
-        wrapper = EcpLmForCausalLM.from_language_model(sharp_model(arch))
+        model = sharp_model(arch)
+        wrapper = EcpLmForCausalLM.from_language_model(model)
         with torch.no_grad():
-            assert wrapper(random_tokens(1, N)).logits.shape == (1, N // 2, TINY["vocab_size"])
+            logits = wrapper(x).logits
+            own, first = model(x), model(x[:, :N // 2])
+            assert logits.shape == (1, N, TINY["vocab_size"]) and own.size(1) == N // 2
+            torch.testing.assert_close(logits[:, N // 2:], own)
+            torch.testing.assert_close(logits[:, :N // 2], first)
+            torch.testing.assert_close(wrapper(x, logits_to_keep=3).logits, own[:, -3:])

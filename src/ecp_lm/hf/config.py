@@ -8,7 +8,7 @@ by an earlier release, which named some sizes otherwise (block_local's ``block_l
 ``window``), describes the same model, and so does one written before a field existed (a hybrid's
 ``layer_pattern``, the RoPE bases and ``global_rope``): a missing field takes its default, the
 value every model had then. ``tie_word_embeddings``, the name transformers reads,
-mirrors ``tie_embeddings``.
+mirrors ``tie_embeddings``; ``max_position_embeddings`` reads ``seq_len``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,9 @@ class EcpLmConfig(PretrainedConfig):
 
     model_type = MODEL_TYPE
     attribute_map: ClassVar[dict[str, str]] = {
-        "hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads"}
+        "hidden_size": "d_model", "num_hidden_layers": "n_layers", "num_attention_heads": "n_heads",
+        # The context a harness gives the model (lm-evaluation-harness reads this name).
+        "max_position_embeddings": "seq_len"}
 
     def __init__(self, arch: str = _DEFAULTS["arch"], vocab_size: int = _DEFAULTS["vocab_size"],
                  d_model: int = _DEFAULTS["d_model"], n_layers: int = _DEFAULTS["n_layers"],

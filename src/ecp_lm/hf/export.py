@@ -2,11 +2,20 @@
 
 The folder holds ``config.json`` (``EcpLmConfig``: the ``ModelConfig`` fields),
 ``model.safetensors`` (``save_pretrained``; tied embeddings stored once),
-``generation_config.json`` and the tokenizer as a ``PreTrainedTokenizerFast``
-(``tokenizer.json``, ``tokenizer_config.json``) giving exactly ecp-lm's ids, so that after
-``import ecp_lm.hf`` both ``AutoModelForCausalLM.from_pretrained(folder)`` and
-``pipeline("text-generation", model=folder)`` work offline. It is written atomically
-(``fsutil.atomic_directory``): a kill leaves the previous export or none, never half of one.
+``generation_config.json``, the tokenizer (``tokenizer.json``, ``tokenizer_config.json``)
+giving exactly ecp-lm's ids, and ``modeling_ecp_lm.py``, which names the installed package's
+classes for transformers' remote code (``auto_map`` in both configs). So the folder loads
+offline in two ways:
+
+- after ``import ecp_lm.hf`` (which registers the model type), by
+  ``AutoModelForCausalLM.from_pretrained(folder)`` and ``pipeline("text-generation",
+  model=folder)``;
+- with ``trust_remote_code=True`` and no import, as lm-evaluation-harness loads it
+  (``lm_eval --model hf --model_args pretrained=FOLDER,trust_remote_code=True``); the
+  tokenizer is then an ``EcpLmTokenizer``, whose BOS id is the line end's (tokenizer.py).
+
+It is written atomically (``fsutil.atomic_directory``): a kill leaves the previous export or
+none, never half of one.
 """
 
 from __future__ import annotations
@@ -15,20 +24,41 @@ import json
 import os
 from pathlib import Path
 
-from transformers import PreTrainedTokenizerFast
-
 from ecp_lm.data.tokenizers import Tokenizer
 from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, file_mode
 from ecp_lm.hf.config import MODEL_TYPE
 from ecp_lm.hf.model import EcpLmForCausalLM
+from ecp_lm.hf.tokenizer import EcpLmTokenizer
 from ecp_lm.run.checkpoint import read_checkpoint
 
+REMOTE_MODULE = "modeling_ecp_lm"
+REMOTE_CODE = '''"""ecp-lm's classes for transformers' trust_remote_code (the auto_map of
+config.json and tokenizer_config.json). The code is the installed ecp_lm package's:
+pip install 'ecp-lm[hf]'."""
 
-def to_transformers_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+from ecp_lm.hf import EcpLmConfig, EcpLmForCausalLM, EcpLmTokenizer
+
+__all__ = ["EcpLmConfig", "EcpLmForCausalLM", "EcpLmTokenizer"]
+'''
+MODEL_AUTO_MAP = {"AutoConfig": f"{REMOTE_MODULE}.EcpLmConfig",
+                  "AutoModelForCausalLM": f"{REMOTE_MODULE}.EcpLmForCausalLM"}
+
+
+def to_transformers_tokenizer(tokenizer: Tokenizer) -> EcpLmTokenizer:
     """ecp-lm's tokenizer as a transformers fast tokenizer with the same ids (no special tokens
     are added)."""
-    return PreTrainedTokenizerFast(tokenizer_object=tokenizer.core(),
-                                   clean_up_tokenization_spaces=False)
+    return EcpLmTokenizer.from_ecp_lm(tokenizer)
+
+
+def save_tokenizer(tokenizer: EcpLmTokenizer, folder: Path) -> None:
+    """``save_pretrained``, with a tokenizer_config.json that loads as transformers' own fast
+    tokenizer by default and as ``EcpLmTokenizer`` under trust_remote_code."""
+    tokenizer.save_pretrained(folder)
+    path = folder / "tokenizer_config.json"
+    settings = json.loads(path.read_text())
+    settings.update(tokenizer_class="TokenizersBackend",
+                    auto_map={"AutoTokenizer": [None, f"{REMOTE_MODULE}.EcpLmTokenizer"]})
+    path.write_text(json.dumps(settings, indent=2) + "\n")
 
 
 def is_export_folder(path: Path) -> bool:
@@ -54,10 +84,12 @@ def export_checkpoint(ckpt: str | Path, out: str | Path) -> list[str]:
     model = EcpLmForCausalLM.from_language_model(checkpoint.load_model("cpu"))
     has_tokenizer = (checkpoint.directory / "tokenizer.json").is_file()
     tokenizer = to_transformers_tokenizer(checkpoint.tokenizer()) if has_tokenizer else None
+    model.config.auto_map = MODEL_AUTO_MAP
     with atomic_directory(out, is_export_folder) as tmp:
         model.save_pretrained(tmp)
+        (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
         if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+            save_tokenizer(tokenizer, tmp)
         for weights in tmp.glob("*.safetensors"):  # safetensors writes 0600 whatever the umask
             os.chmod(weights, file_mode())
     return sorted(p.name for p in current_version(out).iterdir())

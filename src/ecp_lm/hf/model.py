@@ -2,9 +2,11 @@
 
 The ecp-lm model is held as ``self.model`` (state-dict keys ``model.<ecp-lm keys>``) and runs
 its own code: the wrapper adds only what transformers expects of a causal LM. ``forward``
-returns a ``CausalLMOutputWithPast``; ``labels`` give ``LanguageModel.loss``'s loss; inside
-``generate()`` the cache is an ``EcpLmCache`` (cache.py), so greedy generation equals
-``ecp_lm.generate(..., temperature=0.0)`` token for token for every architecture.
+returns a ``CausalLMOutputWithPast`` with logits for every position (the perceiver family's
+earlier positions from shorter windows: ``every_position``); ``labels`` give
+``LanguageModel.loss``'s loss; inside ``generate()`` the cache is an ``EcpLmCache``
+(cache.py), so greedy generation equals ``ecp_lm.generate(..., temperature=0.0)`` token for
+token for every architecture.
 
 Batches: prompts of one length. Padding (an ``attention_mask`` with zeros) is refused with a
 ``ValueError``: ecp-lm positions are absolute (ECP's segments are aligned to position 0), so a
@@ -93,8 +95,9 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
                 use_cache: bool | None = None, logits_to_keep: int = 0,
                 return_dict: bool | None = None, past_key_values: EcpLmCache | None = None,
                 **kwargs: Any) -> CausalLMOutputWithPast | tuple:
-        """input_ids (B, T) -> logits (B, P, V) of the last P positions, as
-        ``LanguageModel.forward`` (P = T, or min(latent_len, T) for the perceiver family).
+        """input_ids (B, T) -> logits (B, T, V): every position's next-token logits, as a
+        causal LM's (``every_position``), or the last ``logits_to_keep`` of them. With a cache,
+        the positions ``EcpLmCache.step`` predicts.
 
         ``labels`` (B, T): the mean next-token loss of ``LanguageModel.loss(labels)`` (targets
         ``labels[:, 1:]``, -100 ignored). ``cache``, or ``use_cache=True`` in eval mode without
@@ -108,14 +111,14 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is None and use_cache and labels is None and not self.training:
             cache = EcpLmCache(self.model, input_ids.size(0), input_ids.device)
         if cache is None:
-            logits = self.model(input_ids)
+            logits = every_position(self.model, input_ids, logits_to_keep)
         elif isinstance(cache, EcpLmCache):
             logits = cache.step(self.model, input_ids)
         else:
             raise ValueError(f"EcpLmForCausalLM decodes with an EcpLmCache, not a "
                              f"{type(cache).__name__} (pass none: forward makes one)")
         loss = None if labels is None else self._loss(input_ids, labels, logits, cache)
-        if logits_to_keep:
+        if logits_to_keep and cache is not None:
             logits = logits[:, -logits_to_keep:]
         out = CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE_FIELD: cache})
         use_dict = return_dict if return_dict is not None else self.config.return_dict
@@ -145,6 +148,24 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
             inputs["input_ids"] = ids[:, context_start(self.model, ids.size(1)):]
             inputs.pop("attention_mask", None)
         return inputs
+
+
+def every_position(model: LanguageModel, input_ids: Tensor, keep: int = 0) -> Tensor:
+    """The next-token logits (B, K, V) of the last K = ``keep`` positions of ``input_ids``
+    (B, T) (all T when ``keep`` is 0). An architecture that predicts every position runs once.
+    The perceiver family predicts the last P = min(l, t) positions of a window x[:t]; the
+    positions before the last l of x come from the windows x[:T - l], x[:T - 2l], ..., each
+    predicting its own last l, so that every position is predicted with all the context
+    before it, as its window's latents: ceil(K / l) passes."""
+    t = input_ids.size(1)
+    keep = t if keep <= 0 else min(keep, t)
+    parts, stop = [], t
+    while stop > t - keep:
+        logits = model(input_ids[:, :stop])  # (B, P, V): positions stop - P .. stop - 1
+        parts.append(logits)
+        stop -= logits.size(1)
+    logits = parts[0] if len(parts) == 1 else torch.cat(parts[::-1], dim=1)
+    return logits[:, logits.size(1) - keep:]
 
 
 def check_no_padding(attention_mask: Tensor | None) -> None:
