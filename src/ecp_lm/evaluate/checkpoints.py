@@ -68,16 +68,20 @@ def _open(path: str | Path, split: str, device: str, precision: str | None,
 def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | None = None,
                         batch_size: int = 16, device: str = "cpu", max_tokens: int | None = None,
                         data_path: str | None = None, progress: bool = True,
-                        precision: str | None = None,
-                        seq_len: int | None = None) -> dict[str, Any]:
+                        precision: str | None = None, seq_len: int | None = None,
+                        start: int = 0) -> dict[str, Any]:
     """Score a checkpoint on a split of its data source (SPEC §6), or its classification accuracy
     for a pixel dataset. ``data_path`` scores the same kind of source at another location (the
     data moved, or another corpus) without touching the token cache the run trained on.
     ``precision`` (fp32, bf16, fp16, auto) defaults to the run's training precision, the one its
     validation (and so its ``best/`` checkpoint) was scored under. ``seq_len`` scores with
     windows of that length T instead of the run's N (``window_length``); the default stride is
-    then min(T/2, l)."""
+    then min(T/2, l). ``start``: the stream begins at that token of the (cut) split, so that
+    its first target is ``start + T - stride + 1``: two window lengths score the same targets
+    when their starts differ by the difference of their first targets."""
     _check_eval_args(split, stride, batch_size, max_tokens)
+    if isinstance(start, bool) or not isinstance(start, int) or start < 0:
+        raise ValueError(f"start={start!r} must be an integer >= 0")
     run = _open(path, split, device, precision, data_path)
     model, cfg = run.model, run.ckpt.config
     if cfg.data.source in PIXEL_DATASETS:
@@ -94,9 +98,10 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
     stride = stride if stride is not None else default_stride(n, cfg.model.resolved().latent_len)
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
-    nll, count = score_stream(model, tokens, n, stride, batch_size, run.device, run.context,
-                              progress=progress)
-    report = lm_report(nll, count, scored_text(cache, split, n - stride + 1, len(tokens)))
+    end = len(tokens)
+    nll, count = score_stream(model, tokens[start:], n, stride, batch_size, run.device,
+                              run.context, progress=progress)
+    report = lm_report(nll, count, scored_text(cache, split, start + n - stride + 1, end))
     return {**run.head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
 
 

@@ -83,19 +83,29 @@ def near_far(report: dict[str, Any]) -> dict[str, float | None]:
 def context_gain(path: Path, split: str, model: dict[str, Any], max_tokens: int | None,
                  progress: bool, full: dict[str, Any] | None = None) -> dict[str, float]:
     """What the context beyond 2m is worth, on the same targets: the SPEC §6 score with windows
-    of N (every target seen with N/2 to N tokens of context) against windows of 2m (m to 2m
-    tokens), in bits per byte. Both score the split's targets from about position N on, so the
-    difference is the model's own use of the longer context, free of the position effects a
-    comparison across positions in a window mixes in. ``full``: the score at N, where the caller
-    has it already."""
+    of N at stride k (every target seen with N - k to N tokens of context) against windows of
+    2m at stride m (m to 2m tokens), in bits per byte. The windows of N score the targets from
+    N - k + 1 on; those of 2m would start at m + 1, so they read the stream from N - k - m on and
+    score exactly the same targets (checked: the same count, the same bytes). The difference is
+    then the model's own use of the longer context, free of the position effects a comparison
+    across positions in a window mixes in. ``full``: the score at N, where the caller has it
+    already."""
     n = model["seq_len"]
     short = 2 * n // model["num_segments"]
     if full is None:
         full = evaluate_checkpoint(path, split, max_tokens=max_tokens, progress=progress)
+    first = n - full["stride"] + 1  # the first target the windows of N score
     cut = evaluate_checkpoint(path, split, seq_len=short, stride=short // 2,
-                              max_tokens=max_tokens, progress=progress)
+                              max_tokens=max_tokens, progress=progress,
+                              start=first - (short - short // 2 + 1))
+    same = ("tokens_scored", "bytes_scored")
+    if any(cut[k] != full[k] for k in same):
+        raise RuntimeError(f"context gain: the windows of {short} scored "
+                           f"{[cut[k] for k in same]} targets/bytes, those of {n} "
+                           f"{[full[k] for k in same]}")
     return {"bits_at_n": full["bits_per_byte"], "bits_at_2m": cut["bits_per_byte"],
-            "context_gain_bits": cut["bits_per_byte"] - full["bits_per_byte"]}
+            "context_gain_bits": cut["bits_per_byte"] - full["bits_per_byte"],
+            "targets": full["tokens_scored"]}
 
 
 def sensitivity(results: list[dict[str, Any]]) -> dict[str, Any]:

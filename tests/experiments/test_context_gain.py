@@ -1,0 +1,52 @@
+"""Study II's context gain scores the same targets with windows of N and of 2m: on a constructed
+stream, both score exactly the targets from N - k + 1 to the end (their count and bytes
+counted here by hand), and the score with windows of 2m is the one of the same windows read
+from N - k - m on."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ecp_lm import build_model
+from ecp_lm.data.tokenizers import ByteTokenizer
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
+from ecp_lm.experiments.long_context.measure import context_gain
+from ecp_lm.run.checkpoint import save_checkpoint
+from ecp_lm.run.config import RunConfig
+from helpers import TINY, sharpen, write_corpus
+
+
+@pytest.mark.parametrize("max_tokens", [None, 1000])
+def test_both_windows_score_the_same_targets(tmp_path, max_tokens):
+    corpus = write_corpus(tmp_path / "corpus.txt")
+    cfg = RunConfig.from_dict({
+        "model": {**TINY, "vocab_size": 256, "arch": "ecp"},
+        "data": {"source": "text", "path": str(corpus), "cache_dir": str(tmp_path / "cache")}})
+    torch.manual_seed(0)
+    model = sharpen(build_model(cfg.model))
+    save_checkpoint(tmp_path / "ckpt", model.state_dict(), cfg, ByteTokenizer(), None,
+                    {"step": 0})
+    n, m = TINY["seq_len"], TINY["seq_len"] // TINY["num_segments"]  # 32 and 8
+    gain = context_gain(tmp_path / "ckpt", "valid", cfg.model.to_dict(), max_tokens, False)
+
+    full = evaluate_checkpoint(tmp_path / "ckpt", "valid", max_tokens=max_tokens,
+                               progress=False)
+    k = full["stride"]  # min(N/2, l) = 16: windows of N score from target 17 on
+    valid = corpus.read_bytes()
+    valid = valid[int(len(valid) * 0.9):int(len(valid) * 0.95)]  # the 90/5/5 byte split
+    stream = valid[:max_tokens] if max_tokens else valid
+    targets = stream[n - k + 1:]
+    assert gain["targets"] == full["tokens_scored"] == len(targets)
+    assert full["bytes_scored"] == len(targets)
+
+    # Windows of 2m at stride m score from their target m + 1 on: read from N - k - m.
+    cut = evaluate_checkpoint(tmp_path / "ckpt", "valid", seq_len=2 * m, stride=m,
+                              max_tokens=max_tokens, progress=False, start=n - k - m)
+    assert (cut["tokens_scored"], cut["bytes_scored"]) == (len(targets), len(targets))
+    assert gain["bits_at_2m"] == cut["bits_per_byte"]
+    assert gain["bits_at_n"] == full["bits_per_byte"]
+    # From the start of the split they would score m + 1 .. the end: N - k - m more targets.
+    whole = evaluate_checkpoint(tmp_path / "ckpt", "valid", seq_len=2 * m, stride=m,
+                                max_tokens=max_tokens, progress=False)
+    assert whole["tokens_scored"] == len(targets) + n - k - m
