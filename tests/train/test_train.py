@@ -98,6 +98,17 @@ def test_lr_schedules():
     assert lr_at(99, cosine) == pytest.approx(0.1, abs=1e-3)
     halving = TrainConfig(lr=1.0, warmup_steps=0, schedule="halving", halve_every=5)
     assert [lr_at(s, halving) for s in (0, 4, 5, 12)] == [1.0, 1.0, 0.5, 0.25]
+    # wsd: warm-up 2, stable, then 4 linear steps down to 0.2 ending at the last step (9).
+    wsd = TrainConfig(lr=1.0, warmup_steps=2, steps=10, schedule="wsd", decay_steps=4,
+                      min_lr_ratio=0.2)
+    assert [lr_at(s, wsd) for s in range(10)] == pytest.approx(
+        [0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 0.8, 0.6, 0.4, 0.2])
+    longer = TrainConfig(lr=1.0, warmup_steps=2, steps=50, schedule="wsd", decay_steps=4)
+    assert [lr_at(s, longer) for s in range(6)] == [lr_at(s, wsd) for s in range(6)]
+    assert lr_at(9, TrainConfig(lr=1.0, warmup_steps=0, steps=10, schedule="wsd",
+                                min_lr_ratio=0.0)) == 0.0  # default decay: the last fifth
+    with pytest.raises(ValueError, match="decay_steps=11 exceeds"):
+        TrainConfig(steps=10, schedule="wsd", decay_steps=11)
 
 
 # Bad input at the command line: one line, exit code 2, nothing overwritten ------------------

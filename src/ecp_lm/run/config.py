@@ -22,7 +22,7 @@ import yaml
 from ecp_lm.config import PRESETS, ModelConfig, saved_fields
 from ecp_lm.runtime import parse_device
 
-SCHEDULES = ("cosine", "halving")
+SCHEDULES = ("cosine", "halving", "wsd")
 PATHLESS_SOURCES = ("enwiki-mini", "sympy-code", "digits")  # fetched with pip, or bundled
 PRECISIONS = ("auto", "fp32", "bf16")  # fp16 training would need loss scaling
 LOGGERS = ("tensorboard", "wandb")  # train.logger: besides these, auto or none
@@ -67,14 +67,19 @@ class TrainConfig:
     lr: float = 1e-3
     """Peak learning rate."""
     min_lr_ratio: float = 0.1
-    """cosine: final learning rate as a fraction of ``lr``."""
+    """cosine and wsd: final learning rate as a fraction of ``lr``."""
     warmup_steps: int = 100
     """Linear warm-up steps."""
     schedule: str = "cosine"
-    """``cosine`` (warm-up then cosine decay) or ``halving`` (warm-up, then constant, halved
-    every ``halve_every`` steps: the research's schedule)."""
+    """``cosine`` (warm-up then cosine decay), ``halving`` (warm-up, then constant, halved
+    every ``halve_every`` steps: the research's schedule) or ``wsd`` (warm-up, stable at
+    ``lr``, then a linear decay to ``lr * min_lr_ratio`` over the last ``decay_steps``: a run
+    stopped anywhere before its decay is the same run as a longer one, so an annealed model
+    at any budget branches off one stable run)."""
     halve_every: int = 0
     """halving: steps between halvings (0: never)."""
+    decay_steps: int = 0
+    """wsd: steps of the final decay (0: a fifth of ``steps``)."""
     weight_decay: float = 0.1
     """AdamW decay, applied to matrix weights only."""
     beta1: float = 0.9
@@ -142,9 +147,12 @@ class TrainConfig:
             parse_device(self.device)
         except ValueError as err:
             raise ValueError(f"train.device: {err}") from None
-        for name in ("warmup_steps", "halve_every", "keep_every"):
+        for name in ("warmup_steps", "halve_every", "keep_every", "decay_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if self.schedule == "wsd" and self.decay_steps > self.steps:
+            raise ValueError(f"train.decay_steps={self.decay_steps} exceeds train.steps="
+                             f"{self.steps}")
         names = self.logger.split(",")
         if names not in (["auto"], ["none"]) and (len(set(names)) < len(names)
                                                   or not set(names) <= set(LOGGERS)):

@@ -91,8 +91,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     if cfg.schedule == "halving":
         return cfg.lr * 0.5 ** ((step - cfg.warmup_steps) // cfg.halve_every
                                 if cfg.halve_every else 0)
-    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        decay = cfg.decay_steps or max(1, round(cfg.steps / 5))
+        into = step + 1 - (cfg.steps - decay)  # 1 .. decay inside the decay
+        return cfg.lr if into <= 0 else cfg.lr - (cfg.lr - floor) * min(into, decay) / decay
+    progress = (step - cfg.warmup_steps) / max(1, cfg.steps - cfg.warmup_steps)
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
 
 

@@ -1,0 +1,71 @@
+"""The models Evidence III compares, and each one's attention cost under both conventions.
+
+A model is an architecture with its size overrides. The sliding window appears twice, matched to
+ECP (segments of m) two ways:
+
+- ``sliding_window``: its default w, whose unmasked score entries equal ECP's (w = 389 at
+  N = 2048, m = 256: each query sees itself and w - 1 = 388 keys back);
+- ``sliding_window_tiles``: w = m, whose cost in tiles equals ECP's (each block of m queries
+  against its own block and the one before, the research's convention and what a block-sparse
+  kernel pays); its reach per layer is m - 1, ECP's is m to 2m - 1.
+
+Costs (``costs``): the exact unmasked score entries, the research's tiles (``tile_entries``),
+and the tiles a block-sparse kernel visits at its block size (``kernel_tiles``: the query-key
+block pairs with any unmasked entry, FlexAttention's default 128), each over full attention's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ecp_lm.bench.complexity import attention_cost
+from ecp_lm.config import ModelConfig
+from ecp_lm.model.archs import architecture
+from ecp_lm.model.kernels.masks import materialize, positions
+
+KERNEL_BLOCK = 128
+"""FlexAttention's default block size: the tile a block-sparse kernel visits or skips."""
+
+MODELS: dict[str, dict[str, Any]] = {
+    "transformer": {"arch": "transformer"},
+    "ecp": {"arch": "ecp"},
+    "sliding_window": {"arch": "sliding_window"},
+    "sliding_window_tiles": {"arch": "sliding_window", "window": "m"},
+    "block_local": {"arch": "block_local"},
+    "s2": {"arch": "s2"},
+}
+"""Each model's ``ModelConfig`` fields beside the shared size; ``"m"`` is the segment length."""
+
+
+def model_config(name: str, size: dict[str, Any]) -> dict[str, Any]:
+    """The ``model:`` section of ``name`` at ``size`` (vocab, width, depth, N, S)."""
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
+    m = size["seq_len"] // size["num_segments"]
+    fields = {k: (m if v == "m" else v) for k, v in MODELS[name].items()}
+    return {"vocab_size": 256, **size, **fields}
+
+
+def kernel_tiles(cfg: ModelConfig, block: int = KERNEL_BLOCK) -> float | None:
+    """Tiles a block-sparse kernel visits, as a fraction of full attention's: the (query block,
+    key block) pairs of ``block`` x ``block`` with any unmasked entry, per layer and head,
+    averaged. None for an architecture whose rows are not one query per position (the perceiver
+    family) or whose N is not a multiple of ``block``."""
+    arch = architecture(cfg.arch)(cfg)
+    n = cfg.seq_len
+    if n % block or getattr(arch, "mask", None) is None or arch.num_predicted(n) != n:
+        return None
+    q = positions(0, n)
+    grid = materialize(arch.mask, q, q, cfg.n_heads)  # (N, N) or (H, N, N)
+    grid = grid.reshape(*grid.shape[:-2], n // block, block, n // block, block)
+    visited = grid.any(dim=-1).any(dim=-2)  # (..., N/b, N/b)
+    return float(visited.to(torch.float64).mean())
+
+
+def costs(cfg: ModelConfig) -> dict[str, float | None]:
+    """Attention cost over full attention's, three ways (see the module)."""
+    cost = attention_cost(cfg)
+    return {"entries": cost.ratio_to_full, "research_tiles": cost.tile_ratio_to_full,
+            "kernel_tiles": kernel_tiles(cfg), "window": cost.window}

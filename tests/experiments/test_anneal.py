@@ -1,0 +1,113 @@
+"""Annealed models branched off one stable run (warmup-stable-decay) are the runs trained for
+their budget from the start: the same weights, for every budget point; the stable run is
+trained once; and a branching killed by SIGKILL at random instants resumes to the same
+models."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ecp_lm.experiments.evidence.anneal import annealed_curve, branch, wsd_config
+from ecp_lm.train.loop import train
+from helpers import tiny_run_config
+
+POINTS, FRACTION = (4, 8), 0.25  # decays of 1 and 2 steps: branches at steps 3 and 6
+
+
+def weights(run: Path) -> dict[str, torch.Tensor]:
+    return load_file(run / "latest" / "model.safetensors")
+
+
+def base_config(tmp_path):
+    return tiny_run_config(tmp_path, "ecp", steps=8, warmup_steps=2, checkpoint_every=2,
+                           eval_every=4, logger="none", lr=3e-3)
+
+
+def assert_same(a: Path, b: Path) -> None:
+    wa, wb = weights(a), weights(b)
+    assert wa.keys() == wb.keys()
+    for key in wa:
+        assert torch.equal(wa[key], wb[key]), key
+
+
+def test_each_point_is_the_run_of_its_budget(tmp_path):
+    cfg = base_config(tmp_path)
+    seen = []
+    results = annealed_curve(cfg, POINTS, FRACTION, tmp_path / "curve",
+                             lambda run: seen.append(run.name) or {"name": run.name})
+    assert [r["steps"] for r in results] == list(POINTS) and seen == ["decay4", "decay8"]
+    for steps in POINTS:
+        fresh = tmp_path / f"fresh{steps}"
+        train(wsd_config(cfg, steps, FRACTION), fresh, progress=False)
+        assert_same(tmp_path / "curve" / f"decay{steps}", fresh)
+    # The stable run stopped at the last branch point, 8 - 2; measures are not taken again.
+    stable = json.loads((tmp_path / "curve" / "stable" / "latest" / "meta.json").read_text())
+    assert stable["step"] == 6
+    again = annealed_curve(cfg, POINTS, FRACTION, tmp_path / "curve", lambda run: 1 / 0)
+    assert again == results
+
+
+def test_a_branch_point_behind_the_stable_run_is_refused(tmp_path):
+    cfg = wsd_config(base_config(tmp_path), 8, FRACTION)
+    train(cfg, tmp_path / "stable", progress=False, stop_at=4)
+    with pytest.raises(ValueError, match="past the branch point 3"):
+        branch(tmp_path / "stable", 3, cfg, tmp_path / "decay4", progress=False)
+
+
+CHILD = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from helpers import tiny_run_config
+from ecp_lm.experiments.evidence.anneal import annealed_curve
+tmp = Path({tmp!r})
+cfg = tiny_run_config(tmp, "ecp", steps=8, warmup_steps=2, checkpoint_every=2, eval_every=4,
+                      logger="none", lr=3e-3)
+annealed_curve(cfg, {points!r}, {fraction!r}, tmp / "killed", lambda run: {{}})
+print("done")
+"""
+
+
+def run_child(script: str, env: dict, kill_after: float | None = None) -> bool:
+    """Run the child, SIGKILLed after ``kill_after`` seconds; whether it was killed."""
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.DEVNULL, text=True)
+    try:
+        child.communicate(timeout=kill_after)
+        return False
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        return True
+
+
+def test_branching_survives_sigkill(tmp_path):
+    cfg = base_config(tmp_path)
+    annealed_curve(cfg, POINTS, FRACTION, tmp_path / "clean", lambda run: {})
+    script = CHILD.format(tests=str(Path(__file__).parents[1]), tmp=str(tmp_path),
+                          points=POINTS, fraction=FRACTION)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    start = time.perf_counter()  # how long an uninterrupted child takes here, now
+    assert not run_child(script.replace('"killed"', '"timed"'), env)
+    whole = time.perf_counter() - start
+    rng = random.Random(0)
+    killed = sum(run_child(script, env, kill_after=rng.uniform(0.2, 1.0) * whole)
+                 for _ in range(5))  # random instants of the start-up and the training
+    assert killed >= 2  # most landed before the child finished
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]
+    for steps in POINTS:
+        assert_same(tmp_path / "killed" / f"decay{steps}", tmp_path / "clean" / f"decay{steps}")
+    assert not list((tmp_path / "killed").glob(".branching-*"))
