@@ -1,0 +1,55 @@
+"""Evidence III: verdicts that survive seeds, tuning and the cost convention.
+
+    python -m ecp_lm.experiments.evidence --stage curve --budget tiny|small|full --out DIR
+
+Stages (each resumable: a stage stops with its session and resumes in the next, where it
+stopped; ``--budget tiny`` runs in CI, ``small`` within 3 hours on a 2-core CPU, ``full`` is the
+issue's size and may take several sessions):
+
+- ``curve`` (``curve.py``): the language scaling curve on sympy-code at N = 2048, d_model 128,
+  4 layers: ecp, the sliding window matched to ECP in entries and in tiles, the transformer
+  and s2, three seeds each at its best learning rate, every budget point an annealed model.
+
+The models and their costs under each convention are in ``models.py``; the annealed branches
+in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ecp_lm.experiments import one_line_errors
+
+STAGES = ("curve",)
+
+
+@one_line_errors
+def main(argv: list[str] | None = None) -> int:
+    from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS, curve_markdown, run_curve
+    from ecp_lm.outputs import output_folder
+
+    parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--stage", choices=STAGES, required=True, help="the stage to run")
+    parser.add_argument("--budget", choices=tuple(CURVE_BUDGETS), default="small",
+                        help="tiny: a few minutes, every code path (CI); small: at most 3 "
+                             "hours on a 2-core CPU; full: the issue's size, resumable across "
+                             "sessions")
+    parser.add_argument("--out", default="runs/evidence", help="stage folder (resumable)")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in its own process (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads per run (default: the cores divided by --jobs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    args = parser.parse_args(argv)
+    for name in ("jobs", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} must be positive")
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
+                               else None)
+    out = output_folder(args.out, "evidence") / args.stage / args.budget
+    summary = run_curve(args.budget, out, args.jobs, threads, progress=not args.quiet)
+    print(curve_markdown(summary))
+    return 0

@@ -1,0 +1,249 @@
+"""Evidence III, the language scaling curve with seeds, tuning and annealing.
+
+On ``sympy-code`` (bytes) at the budget's size, each model of ``MODELS`` (ecp, the sliding
+window matched to ECP in entries and in tiles, the transformer, s2):
+
+1. **learning rate**: one short run per rate of ``lrs`` (seed 0, annealed at its end), and the
+   rate with the lowest validation bits per byte is the model's (ties: the smaller);
+2. **the curve**: ``seeds`` seeds at that rate, each one stable warmup-stable-decay run with an
+   annealed branch at every budget point (``anneal.annealed_curve``), scored on the first
+   ``valid_tokens`` of the validation split: bits per byte under SPEC §6 and the context gain
+   (the same targets scored with windows of 2m against windows of N).
+
+Beside each model: its attention cost three ways (``models.costs``) and its training step time
+measured here, one model after another in one process before any run starts. The report gives
+mean ± half the range over the seeds, and calls an ordering of two models at a budget only where
+their ranges do not overlap.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass, field
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ecp_lm.bench.core import BenchSpec, time_steps
+from ecp_lm.config import ModelConfig
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
+from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
+from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.models import costs, model_config
+from ecp_lm.experiments.long_context.measure import context_gain
+from ecp_lm.experiments.study import write_json
+from ecp_lm.model import build_model
+from ecp_lm.run.config import RunConfig
+
+MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "transformer", "s2")
+
+
+@dataclass(frozen=True)
+class CurveBudget:
+    size: dict[str, Any]
+    train: dict[str, Any]
+    points: tuple[int, ...]
+    """Budget points (optimiser steps), each an annealed model."""
+    select_steps: int
+    """Steps of each learning-rate trial."""
+    lrs: tuple[float, ...] = (1e-3, 2e-3, 4e-3)
+    seeds: int = 3
+    decay_fraction: float = 0.2
+    valid_tokens: int | None = None
+    models: tuple[str, ...] = MODELS
+    shared: dict[str, Any] = field(default_factory=dict)
+
+
+CURVE_BUDGETS = {
+    "tiny": CurveBudget(
+        size=dict(d_model=32, n_layers=2, n_heads=2, seq_len=128, num_segments=4),
+        train=dict(batch_size=2, warmup_steps=1, eval_every=4, checkpoint_every=2,
+                   log_every=1, eval_max_tokens=2048, min_lr_ratio=0.0, logger="none"),
+        points=(4, 8), select_steps=4, lrs=(1e-3, 4e-3), valid_tokens=2048),
+    "small": CurveBudget(
+        size=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
+        train=dict(batch_size=4, warmup_steps=30, eval_every=150, checkpoint_every=30,
+                   log_every=25, eval_max_tokens=131072, min_lr_ratio=0.0),
+        points=(150, 300), select_steps=150, valid_tokens=131072),
+    "full": CurveBudget(
+        size=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
+        train=dict(batch_size=4, warmup_steps=60, eval_every=300, checkpoint_every=60,
+                   log_every=25, eval_max_tokens=262144, min_lr_ratio=0.0),
+        points=(300, 600, 1200, 2400), select_steps=300, valid_tokens=262144),
+}
+
+
+def run_config(budget: CurveBudget, model: str, seed: int, lr: float) -> RunConfig:
+    return RunConfig.from_dict({
+        "model": model_config(model, budget.size),
+        "data": {"source": "sympy-code", "tokenizer": "bytes"},
+        "train": {**budget.train, "seed": seed, "lr": lr, "steps": max(budget.points)}})
+
+
+def score(run: Path, budget: CurveBudget, gain: bool) -> dict[str, Any]:
+    """Validation bits per byte of the run's last checkpoint, and its context gain."""
+    latest = run / "latest"
+    report = evaluate_checkpoint(latest, "valid", max_tokens=budget.valid_tokens,
+                                 progress=False)
+    out = {"bits_per_byte": report["bits_per_byte"], "loss": report["loss"],
+           "tokens_scored": report["tokens_scored"]}
+    if gain:
+        out["context_gain_bits"] = context_gain(latest, "valid", budget.size,
+                                                budget.valid_tokens, False,
+                                                report)["context_gain_bits"]
+    return out
+
+
+def select_job(budget_name: str, model: str, lr: float, out: str) -> dict[str, Any]:
+    """One learning-rate trial: ``select_steps`` under warmup-stable-decay, seed 0."""
+    from ecp_lm.train.loop import train_or_resume
+
+    budget = CURVE_BUDGETS[budget_name]
+    cfg = wsd_config(run_config(budget, model, 0, lr), budget.select_steps,
+                     budget.decay_fraction)
+    run = Path(out) / "select" / model / f"lr{lr:g}" / "run"
+    train_or_resume(cfg, run, progress=False)
+    return {"model": model, "lr": lr, "steps": budget.select_steps,
+            **score(run, budget, gain=False)}
+
+
+def curve_job(budget_name: str, model: str, seed: int, lr: float, out: str
+              ) -> dict[str, Any]:
+    """One seed's annealed curve at the chosen rate."""
+    budget = CURVE_BUDGETS[budget_name]
+    folder = Path(out) / "curve" / model / f"seed{seed}"
+    points = annealed_curve(run_config(budget, model, seed, lr), budget.points,
+                            budget.decay_fraction, folder,
+                            lambda run: score(run, budget, gain=True))
+    return {"model": model, "seed": seed, "lr": lr, "points": points}
+
+
+def step_times(budget: CurveBudget, out: Path) -> dict[str, float]:
+    """Seconds per training step of each model at the budget's size and batch, measured one
+    after another in this process (median of 3 after 1 untimed), kept in ``step_s.json``."""
+    path = out / "step_s.json"
+    if path.exists():
+        return json.loads(path.read_text())
+    spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=1, repeats=3)
+    times = {}
+    for name in budget.models:
+        cfg = ModelConfig(**model_config(name, budget.size))
+        torch.manual_seed(0)
+        model = build_model(cfg)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
+        times[name] = statistics.median(time_steps(model, optimizer, tokens, spec))
+    write_json(path, times)
+    return times
+
+
+def chosen_lr(trials: list[dict[str, Any]]) -> float:
+    return min(trials, key=lambda t: (t["bits_per_byte"], t["lr"]))["lr"]
+
+
+def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
+              progress: bool = False) -> dict[str, Any]:
+    """The stage: learning-rate trials, then every model's seeds on the curve, then the
+    summary (``curve.json``, ``curve.md``)."""
+    from ecp_lm.fsutil import write_bytes_atomic
+    from ecp_lm.runtime import torch_threads
+
+    budget = CURVE_BUDGETS[budget_name]
+    with torch_threads(threads):
+        times = step_times(budget, out)
+    trials = run_jobs([Job(f"select/{m}/lr{lr:g}", select_job, (budget_name, m, lr, str(out)))
+                       for m in budget.models for lr in budget.lrs], out, jobs, threads,
+                      progress)
+    lrs = {m: chosen_lr([trials[f"select/{m}/lr{lr:g}"] for lr in budget.lrs])
+           for m in budget.models}
+    seeds = run_jobs([Job(f"curve/{m}/seed{s}", curve_job, (budget_name, m, s, lrs[m],
+                                                            str(out)))
+                      for m in budget.models for s in range(budget.seeds)], out, jobs,
+                     threads, progress)
+    summary = summarise(budget_name, budget, trials, lrs, seeds, times)
+    write_json(out / "curve.json", summary)
+    write_bytes_atomic(out / "curve.md", curve_markdown(summary).encode())
+    return summary
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "half_range": (max(values) - min(values)) / 2, "n": len(values)}
+
+
+def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, seeds: dict,
+              times: dict) -> dict[str, Any]:
+    models = {}
+    for m in budget.models:
+        runs = [seeds[f"curve/{m}/seed{s}"] for s in range(budget.seeds)]
+        points = {}
+        for i, steps in enumerate(budget.points):
+            at = [r["points"][i] for r in runs]
+            assert all(p["steps"] == steps for p in at)
+            points[str(steps)] = {
+                "bits_per_byte": spread([p["bits_per_byte"] for p in at]),
+                "context_gain_bits": spread([p["context_gain_bits"] for p in at]),
+                "per_seed": [p["bits_per_byte"] for p in at]}
+        models[m] = {"lr": lrs[m], "trials": {f"{lr:g}": trials[f"select/{m}/lr{lr:g}"]
+                                              ["bits_per_byte"] for lr in budget.lrs},
+                     "costs": costs(ModelConfig(**model_config(m, budget.size))),
+                     "step_s": times[m], "points": points}
+    orderings = {}
+    for steps in map(str, budget.points):
+        calls = []
+        for a, b in combinations(budget.models, 2):
+            x, y = (models[k]["points"][steps]["bits_per_byte"] for k in (a, b))
+            if x["max"] < y["min"]:
+                calls.append(f"{a} < {b}")
+            elif y["max"] < x["min"]:
+                calls.append(f"{b} < {a}")
+        orderings[steps] = calls
+    return {"budget": budget_name, "size": budget.size, "points": list(budget.points),
+            "seeds": budget.seeds, "lrs": list(budget.lrs), "select_steps": budget.select_steps,
+            "decay_fraction": budget.decay_fraction, "valid_tokens": budget.valid_tokens,
+            "models": models, "orderings": orderings}
+
+
+def curve_markdown(summary: dict[str, Any]) -> str:
+    size = summary["size"]
+    n, m = size["seq_len"], size["seq_len"] // size["num_segments"]
+    lines = [f"# Evidence III: the scaling curve (budget `{summary['budget']}`)", "",
+             f"sympy-code validation split (first {summary['valid_tokens']:,} bytes), bytes; "
+             f"N = {n}, m = {m}, d_model {size['d_model']}, {size['n_layers']} layers. "
+             f"{summary['seeds']} seeds per model, each at its learning rate from "
+             f"{', '.join(f'{lr:g}' for lr in summary['lrs'])} (chosen on validation after "
+             f"{summary['select_steps']} steps, seed 0); every budget point is an annealed model "
+             f"(warmup-stable-decay, the last {summary['decay_fraction']:.0%} of its steps "
+             "decayed to 0, branched off one stable run per seed).", "",
+             "Attention cost over full attention's, three conventions: exact unmasked score "
+             "entries; the research's tiles (each query block against its whole key blocks); "
+             "the tiles a block-sparse kernel visits at block 128. Step time: one training step "
+             "at the budget's batch, measured here one model after another.", "",
+             "| model | lr | entries | research tiles | kernel tiles | step s | " + " | ".join(
+                 f"{p} steps: bits/byte" for p in summary["points"]) + " |",
+             "|---" * (6 + len(summary["points"])) + "|"]
+    for name, r in summary["models"].items():
+        c = r["costs"]
+        kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"
+        cells = [f"{r['points'][str(p)]['bits_per_byte']['mean']:.4f} ± "
+                 f"{r['points'][str(p)]['bits_per_byte']['half_range']:.4f}"
+                 for p in summary["points"]]
+        lines.append(f"| {name} | {r['lr']:g} | {c['entries']:.3f} | {c['research_tiles']:.3f} "
+                     f"| {kernel} | {r['step_s']:.3f} | " + " | ".join(cells) + " |")
+    lines += ["", "Context gain (bits/byte with windows of 2m minus with windows of N, the same "
+              "targets), mean ± half the range over the seeds:", "",
+              "| model | " + " | ".join(f"{p} steps" for p in summary["points"]) + " |",
+              "|---" * (1 + len(summary["points"])) + "|"]
+    for name, r in summary["models"].items():
+        lines.append(f"| {name} | " + " | ".join(
+            f"{r['points'][str(p)]['context_gain_bits']['mean']:+.4f} ± "
+            f"{r['points'][str(p)]['context_gain_bits']['half_range']:.4f}"
+            for p in summary["points"]) + " |")
+    lines += ["", "Orderings called (the seeds' ranges of bits/byte do not overlap; any pair "
+              "not listed is not separated):", ""]
+    for steps, calls in summary["orderings"].items():
+        lines.append(f"- {steps} steps: {', '.join(calls) if calls else 'none'}")
+    return "\n".join(lines) + "\n"

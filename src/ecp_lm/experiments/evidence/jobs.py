@@ -1,0 +1,68 @@
+"""Resumable jobs, one after another or several at a time in worker processes (``--jobs``).
+
+A job is a name and a top-level function with its arguments. Its result is written to
+``DIR/<name>/result.json`` when it completes, and a job whose result exists is not run again,
+so an interrupted stage resumes where it stopped (each job resumes its own training from its
+last checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.experiments.study import write_json
+from ecp_lm.runtime import torch_threads
+
+
+@dataclass(frozen=True)
+class Job:
+    name: str
+    fn: Callable[..., dict[str, Any]]
+    """A module-level function (worker processes import it by name)."""
+    args: tuple = ()
+
+
+def _run(job: Job, threads: int | None) -> dict[str, Any]:
+    with torch_threads(threads):
+        return job.fn(*job.args)
+
+
+def run_jobs(jobs: list[Job], out: Path, workers: int = 1, threads: int | None = None,
+             progress: bool = False) -> dict[str, dict[str, Any]]:
+    """Every job's result by name, in the order given: read back where a result exists, else
+    run (``workers`` at a time, each on ``threads`` torch threads) and written as it
+    completes."""
+    results: dict[str, dict[str, Any]] = {}
+    for job in jobs:
+        path = out / job.name / "result.json"
+        if path.exists():
+            results[job.name] = json.loads(path.read_text())
+    todo = [job for job in jobs if job.name not in results]
+    start = time.perf_counter()
+
+    def finish(job: Job, result: dict[str, Any]) -> None:
+        write_json(out / job.name / "result.json", result)
+        results[job.name] = result
+        if progress:
+            print(f"[{(time.perf_counter() - start) / 60:6.1f} min] finished {job.name}",
+                  flush=True)
+
+    if workers <= 1:
+        for job in todo:
+            finish(job, _run(job, threads))
+    elif todo:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+            running: dict[Future, Job] = {pool.submit(_run, job, threads): job for job in todo}
+            while running:
+                finished, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in finished:
+                    finish(running.pop(future), future.result())
+    return {job.name: results[job.name] for job in jobs}
