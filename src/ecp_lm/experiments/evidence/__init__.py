@@ -9,6 +9,9 @@ issue's size and may take several sessions):
 - ``curve`` (``curve.py``): the language scaling curve on sympy-code at N = 2048, d_model 128,
   4 layers: ecp, the sliding window matched to ECP in entries and in tiles, the transformer
   and s2, three seeds each at its best learning rate, every budget point an annealed model.
+- ``recall`` (``recall.py``): multi-query associative recall at L = 2, 4, 6 for ecp, both
+  sliding windows, block_local and the transformer, three seeds each at its best learning
+  rate, the weights kept.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``.
@@ -21,18 +24,19 @@ import os
 
 from ecp_lm.experiments import one_line_errors
 
-STAGES = ("curve",)
+STAGES = ("curve", "recall")
+BUDGETS = ("tiny", "small", "full")
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS, curve_markdown, run_curve
+    from ecp_lm.experiments.evidence import curve, recall
     from ecp_lm.outputs import output_folder
 
     parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
                                      description=__doc__.split("\n\n")[0])
     parser.add_argument("--stage", choices=STAGES, required=True, help="the stage to run")
-    parser.add_argument("--budget", choices=tuple(CURVE_BUDGETS), default="small",
+    parser.add_argument("--budget", choices=BUDGETS, default="small",
                         help="tiny: a few minutes, every code path (CI); small: at most 3 "
                              "hours on a 2-core CPU; full: the issue's size, resumable across "
                              "sessions")
@@ -50,6 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
                                else None)
     out = output_folder(args.out, "evidence") / args.stage / args.budget
-    summary = run_curve(args.budget, out, args.jobs, threads, progress=not args.quiet)
-    print(curve_markdown(summary))
+    if args.stage == "curve":
+        summary = curve.run_curve(args.budget, out, args.jobs, threads, not args.quiet)
+        print(curve.curve_markdown(summary))
+    else:
+        summary = recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
+        print(recall.recall_markdown(summary))
     return 0

@@ -39,13 +39,18 @@ MODELS: dict[str, dict[str, Any]] = {
 """Each model's ``ModelConfig`` fields beside the shared size; ``"m"`` is the segment length."""
 
 
-def model_config(name: str, size: dict[str, Any]) -> dict[str, Any]:
-    """The ``model:`` section of ``name`` at ``size`` (vocab, width, depth, N, S)."""
+def variant(name: str, segment_len: int) -> dict[str, Any]:
+    """The ``ModelConfig`` fields of model ``name`` (its arch and overrides) for segments of
+    ``segment_len``."""
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(MODELS)}")
+    return {k: (segment_len if v == "m" else v) for k, v in MODELS[name].items()}
+
+
+def model_config(name: str, size: dict[str, Any]) -> dict[str, Any]:
+    """The ``model:`` section of ``name`` at ``size`` (vocab, width, depth, N, S)."""
     m = size["seq_len"] // size["num_segments"]
-    fields = {k: (m if v == "m" else v) for k, v in MODELS[name].items()}
-    return {"vocab_size": 256, **size, **fields}
+    return {"vocab_size": 256, **size, **variant(name, m)}
 
 
 def kernel_tiles(cfg: ModelConfig, block: int = KERNEL_BLOCK) -> float | None:

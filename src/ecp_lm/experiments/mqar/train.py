@@ -32,6 +32,9 @@ class TrainSpec:
     """Held-out sequences (the same for every model: drawn from ``seed + 1_000_003``)."""
     grad_clip: float = 1.0
     seed: int = 0
+    eval_seed: int | None = None
+    """The held-out set's seed (None: ``seed + 1_000_003``); fixed, every seed of a model is
+    scored on the same sequences."""
 
     def __post_init__(self) -> None:
         if self.schedule not in ("cosine", "constant"):
@@ -117,8 +120,8 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
     optimizer = torch.optim.AdamW(model.param_groups(train.weight_decay), lr=train.lr,
                                   betas=(0.9, 0.98))
     stream = torch.Generator().manual_seed(train.seed)
-    held_out = mqar_batch(spec, train.eval_size, torch.Generator().manual_seed(
-        train.seed + 1_000_003))
+    eval_seed = train.seed + 1_000_003 if train.eval_seed is None else train.eval_seed
+    held_out = mqar_batch(spec, train.eval_size, torch.Generator().manual_seed(eval_seed))
     curve: list[dict[str, float]] = []
     recent: list[float] = []
     start = time.perf_counter()

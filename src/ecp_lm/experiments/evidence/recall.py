@@ -1,0 +1,186 @@
+"""Evidence III, recall with seeds: multi-query associative recall (``experiments.mqar``) at
+depths L = 2, 4, 6 for ecp, the sliding window matched to ECP in entries and in tiles,
+block_local and the transformer.
+
+1. **learning rate**, per model: one run per rate of ``lrs`` at the selection depth for
+   ``select_steps`` (seed 0); the rate with the best held-out accuracy is the model's (ties: the
+   lower loss, then the smaller rate);
+2. **seeds**: ``seeds`` runs of ``steps`` per model and depth at that rate, each scored on the
+   same held-out sequences; the weights are kept (``model.safetensors`` beside ``result.json``)
+   for the interventions of a later stage.
+
+The report gives the final accuracy, mean ± half the range over the seeds, per depth, with each
+model's attention cost three ways at the task's size, and calls an ordering only where the
+seeds' ranges do not overlap.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from dataclasses import dataclass, replace
+from itertools import combinations
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.models import costs, variant
+from ecp_lm.experiments.study import write_json
+
+MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "block_local", "transformer")
+EVAL_SEED = 1_000_003
+"""The held-out sequences' seed, the same for every model and seed."""
+
+
+@dataclass(frozen=True)
+class RecallBudget:
+    mqar: str
+    """The ``experiments.mqar`` budget: the task, the model width and the training defaults."""
+    depths: tuple[int, ...]
+    steps: int
+    select_steps: int
+    select_depth: int
+    lrs: tuple[float, ...]
+    seeds: int = 3
+    models: tuple[str, ...] = MODELS
+    threads: int | None = 1
+    """torch threads per run (the models are small: one thread each, two runs side by side)."""
+
+
+RECALL_BUDGETS = {
+    "tiny": RecallBudget(mqar="tiny", depths=(2, 4), steps=40, select_steps=20, select_depth=4,
+                         lrs=(1e-3, 3e-3)),
+    "small": RecallBudget(mqar="small", depths=(2, 4, 6), steps=1200, select_steps=600,
+                          select_depth=4, lrs=(1e-3, 3e-3, 1e-2)),
+    "full": RecallBudget(mqar="small", depths=(2, 4, 6), steps=9600, select_steps=2400,
+                         select_depth=4, lrs=(1e-3, 3e-3, 1e-2)),
+}
+
+
+def model_config(budget: RecallBudget, name: str, depth: int) -> ModelConfig:
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+
+    task = BUDGETS[budget.mqar]
+    return ModelConfig(vocab_size=task.spec.vocab_size, n_layers=depth,
+                       seq_len=task.spec.seq_len, num_segments=task.num_segments,
+                       **task.model, **variant(name, task.segment_len))
+
+
+def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, steps: int,
+               folder: str) -> dict[str, Any]:
+    """Train one recall model and score it; its weights go to ``folder/model.safetensors``."""
+    from safetensors.torch import save_file
+
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+    from ecp_lm.experiments.mqar.train import train_mqar
+
+    budget = RECALL_BUDGETS[budget_name]
+    task = BUDGETS[budget.mqar]
+    cfg = model_config(budget, name, depth)
+    train = replace(task.train, steps=steps, lr=lr, seed=seed, eval_seed=EVAL_SEED)
+    model, result = train_mqar(cfg, task.spec, train, task.segment_len)
+    path = Path(folder) / "model.safetensors"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".model.{os.getpid()}.tmp")
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
+    os.replace(tmp, path)
+    return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
+            "config": cfg.to_dict(), "accuracy": result["accuracy"], "loss": result["loss"],
+            "accuracy_by_offset": result["accuracy_by_offset"], "curve": result["curve"],
+            "s_per_step": result["s_per_step"]}
+
+
+def chosen_lr(trials: list[dict[str, Any]]) -> float:
+    return min(trials, key=lambda t: (-t["accuracy"], t["loss"], t["lr"]))["lr"]
+
+
+def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
+               progress: bool = False) -> dict[str, Any]:
+    """The stage: learning-rate trials, then every model's seeds at every depth, then the
+    summary (``recall.json``, ``recall.md``)."""
+    from ecp_lm.fsutil import write_bytes_atomic
+
+    budget = RECALL_BUDGETS[budget_name]
+    threads = threads or budget.threads
+
+    def name(kind: str, m: str, depth: int, seed: int, lr: float | None = None) -> str:
+        return f"{kind}/{m}/L{depth}/" + (f"lr{lr:g}" if lr is not None else f"seed{seed}")
+
+    select = [(m, lr, name("select", m, budget.select_depth, 0, lr))
+              for m in budget.models for lr in budget.lrs]
+    trials = run_jobs([Job(key, recall_job, (budget_name, m, budget.select_depth, 0, lr,
+                                             budget.select_steps, str(out / key)))
+                       for m, lr, key in select], out, jobs, threads, progress)
+    lrs = {m: chosen_lr([trials[key] for m2, _, key in select if m2 == m])
+           for m in budget.models}
+    runs = [(m, d, s, name("runs", m, d, s)) for m in budget.models for d in budget.depths
+            for s in range(budget.seeds)]
+    results = run_jobs([Job(key, recall_job, (budget_name, m, d, s, lrs[m], budget.steps,
+                                              str(out / key)))
+                        for m, d, s, key in runs], out, jobs, threads, progress)
+    summary = summarise(budget_name, budget, trials, lrs, results)
+    write_json(out / "recall.json", summary)
+    write_bytes_atomic(out / "recall.md", recall_markdown(summary).encode())
+    return summary
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "half_range": (max(values) - min(values)) / 2, "n": len(values)}
+
+
+def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
+              results: dict) -> dict[str, Any]:
+    models = {}
+    for m in budget.models:
+        depths = {}
+        for d in budget.depths:
+            acc = [results[f"runs/{m}/L{d}/seed{s}"]["accuracy"] for s in range(budget.seeds)]
+            depths[str(d)] = {"accuracy": spread(acc), "per_seed": acc}
+        cost = costs(model_config(budget, m, budget.select_depth))
+        models[m] = {"lr": lrs[m], "costs": cost, "depths": depths,
+                     "trials": {f"{t['lr']:g}": t["accuracy"] for key, t in trials.items()
+                                if t["model"] == m}}
+    orderings = {}
+    for d in map(str, budget.depths):
+        calls = []
+        for a, b in combinations(budget.models, 2):
+            x, y = (models[k]["depths"][d]["accuracy"] for k in (a, b))
+            if x["min"] > y["max"]:
+                calls.append(f"{a} > {b}")
+            elif y["min"] > x["max"]:
+                calls.append(f"{b} > {a}")
+        orderings[d] = calls
+    return {"budget": budget_name, "mqar": budget.mqar, "steps": budget.steps,
+            "select_steps": budget.select_steps, "select_depth": budget.select_depth,
+            "lrs": list(budget.lrs), "seeds": budget.seeds, "depths": list(budget.depths),
+            "models": models, "orderings": orderings}
+
+
+def recall_markdown(summary: dict[str, Any]) -> str:
+    depths = summary["depths"]
+    lines = [f"# Evidence III: recall with seeds (budget `{summary['budget']}`)", "",
+             f"Multi-query associative recall (`experiments.mqar`, budget "
+             f"`{summary['mqar']}`), {summary['steps']:,} steps per model, {summary['seeds']} "
+             f"seeds each at its learning rate from "
+             f"{', '.join(f'{lr:g}' for lr in summary['lrs'])} (chosen on held-out accuracy "
+             f"at L = {summary['select_depth']} after {summary['select_steps']:,} steps, seed "
+             "0). Final held-out accuracy, mean ± half the range over the seeds; every seed is "
+             "scored on the same held-out sequences. Attention cost over full attention's: "
+             "exact entries, the research's tiles, the tiles of a block-sparse kernel at block "
+             "128 (- where N is below one block).", "",
+             "| model | lr | entries | research tiles | kernel tiles | " + " | ".join(
+                 f"L = {d}" for d in depths) + " |", "|---" * (5 + len(depths)) + "|"]
+    for name, r in summary["models"].items():
+        c = r["costs"]
+        kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"
+        cells = [f"{r['depths'][str(d)]['accuracy']['mean']:.3f} ± "
+                 f"{r['depths'][str(d)]['accuracy']['half_range']:.3f}" for d in depths]
+        lines.append(f"| {name} | {r['lr']:g} | {c['entries']:.3f} | "
+                     f"{c['research_tiles']:.3f} | {kernel} | " + " | ".join(cells) + " |")
+    lines += ["", "Orderings called (the seeds' ranges of accuracy do not overlap; any pair not "
+              "listed is not separated):", ""]
+    for d, calls in summary["orderings"].items():
+        lines.append(f"- L = {d}: {', '.join(calls) if calls else 'none'}")
+    return "\n".join(lines) + "\n"

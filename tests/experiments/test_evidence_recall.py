@@ -1,0 +1,64 @@
+"""Evidence III's recall stage (`python -m ecp_lm.experiments.evidence --stage recall --budget
+tiny`) end to end: learning rates chosen on held-out accuracy, three seeds per model and depth
+scored on the same held-out sequences, the weights kept and reloadable to the same accuracy,
+the tile-matched window at w = m, orderings only where the seeds' ranges separate, and a
+resumed stage that trains nothing."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from safetensors.torch import load_file
+
+from ecp_lm import build_model
+from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.evidence import main
+from ecp_lm.experiments.evidence import recall as recall_module
+from ecp_lm.experiments.evidence.recall import EVAL_SEED, MODELS, RECALL_BUDGETS
+from ecp_lm.experiments.mqar.budgets import BUDGETS
+from ecp_lm.experiments.mqar.task import mqar_batch
+from ecp_lm.experiments.mqar.train import evaluate
+
+
+def test_tiny_recall_stage(tmp_path, monkeypatch, capsys):
+    assert main(["--stage", "recall", "--budget", "tiny", "--out", str(tmp_path / "ev"),
+                 "--quiet"]) == 0
+    out = tmp_path / "ev" / "recall" / "tiny"
+    summary = json.loads((out / "recall.json").read_text())
+    budget, task = RECALL_BUDGETS["tiny"], BUDGETS["tiny"]
+    assert list(summary["models"]) == list(MODELS)
+    held_out = mqar_batch(task.spec, task.train.eval_size,
+                          torch.Generator().manual_seed(EVAL_SEED))
+    for name, model in summary["models"].items():
+        trials = [json.loads((out / "select" / name / f"L{budget.select_depth}" /
+                              f"lr{lr:g}" / "result.json").read_text()) for lr in budget.lrs]
+        best = max(trials, key=lambda t: (t["accuracy"], -t["loss"], -t["lr"]))
+        assert model["lr"] == best["lr"]
+        for depth in budget.depths:
+            point = model["depths"][str(depth)]
+            assert len(point["per_seed"]) == 3
+            for seed in range(3):
+                folder = out / "runs" / name / f"L{depth}" / f"seed{seed}"
+                result = json.loads((folder / "result.json").read_text())
+                assert (result["lr"], result["steps"], result["seed"]) == (
+                    model["lr"], budget.steps, seed)
+                cfg = ModelConfig(**result["config"])
+                if name == "sliding_window_tiles":
+                    assert cfg.window == task.segment_len
+                net = build_model(cfg)
+                net.load_state_dict(load_file(folder / "model.safetensors"))
+                # the kept weights, scored on the one held-out set, give the recorded accuracy
+                assert evaluate(net, held_out)["accuracy"] == result["accuracy"]
+    for depth, calls in summary["orderings"].items():
+        for call in calls:
+            a, _, b = call.split()
+            pa, pb = (summary["models"][k]["depths"][depth]["accuracy"] for k in (a, b))
+            assert pa["min"] > pb["max"]
+    assert "| sliding_window_tiles |" in (out / "recall.md").read_text()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished stage trained again")
+
+    monkeypatch.setattr(recall_module, "recall_job", no_training)
+    assert recall_module.run_recall("tiny", out) == summary
