@@ -32,7 +32,7 @@ from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
-from ecp_lm.experiments.evidence.models import costs, model_config
+from ecp_lm.experiments.evidence.models import costs, coverage, model_config
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
 from ecp_lm.model import build_model
@@ -72,7 +72,7 @@ CURVE_BUDGETS = {
         size=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
         train=dict(batch_size=4, warmup_steps=60, eval_every=300, checkpoint_every=60,
                    log_every=25, eval_max_tokens=262144, min_lr_ratio=0.0),
-        points=(300, 600, 1200, 2400), select_steps=300, valid_tokens=262144),
+        points=(300, 600, 1200, 2400), select_steps=300, valid_tokens=None),
 }
 
 
@@ -140,6 +140,14 @@ def step_times(budget: CurveBudget, out: Path) -> dict[str, float]:
     return times
 
 
+def valid_coverage(budget: CurveBudget) -> dict[str, Any]:
+    """The validation documents and bytes the scores cover (``models.coverage``)."""
+    from ecp_lm.data.sources import open_source
+
+    source = open_source("sympy-code")
+    return coverage([size for _, size in source.documents("valid")], budget.valid_tokens)
+
+
 def chosen_lr(trials: list[dict[str, Any]]) -> float:
     return min(trials, key=lambda t: (t["bits_per_byte"], t["lr"]))["lr"]
 
@@ -164,6 +172,7 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
                       for m in budget.models for s in range(budget.seeds)], out, jobs,
                      threads, progress)
     summary = summarise(budget_name, budget, trials, lrs, seeds, times)
+    summary["valid_coverage"] = valid_coverage(budget)
     write_json(out / "curve.json", summary)
     write_bytes_atomic(out / "curve.md", curve_markdown(summary).encode())
     return summary
@@ -210,8 +219,12 @@ def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, se
 def curve_markdown(summary: dict[str, Any]) -> str:
     size = summary["size"]
     n, m = size["seq_len"], size["seq_len"] // size["num_segments"]
+    cover = summary["valid_coverage"]
+    scored = ("all of it" if summary["valid_tokens"] is None else
+              f"its first {summary['valid_tokens']:,} bytes")
     lines = [f"# Evidence III: the scaling curve (budget `{summary['budget']}`)", "",
-             f"sympy-code validation split (first {summary['valid_tokens']:,} bytes), bytes; "
+             f"sympy-code validation split ({scored}: {cover['documents']} of its "
+             f"{cover['of']} documents, {cover['share']:.0%} of its bytes), bytes; "
              f"N = {n}, m = {m}, d_model {size['d_model']}, {size['n_layers']} layers. "
              f"{summary['seeds']} seeds per model, each at its learning rate from "
              f"{', '.join(f'{lr:g}' for lr in summary['lrs'])} (chosen on validation after "

@@ -74,3 +74,14 @@ def costs(cfg: ModelConfig) -> dict[str, float | None]:
     cost = attention_cost(cfg)
     return {"entries": cost.ratio_to_full, "research_tiles": cost.tile_ratio_to_full,
             "kernel_tiles": kernel_tiles(cfg), "window": cost.window}
+
+
+def coverage(sizes: list[int], scored_bytes: int | None) -> dict[str, Any]:
+    """How much of a split the first ``scored_bytes`` bytes cover (None: all of it): the
+    documents (of the given byte ``sizes``, in stream order) with at least one byte inside, and
+    the share of the split's bytes."""
+    total = sum(sizes)
+    scored = total if scored_bytes is None else min(scored_bytes, total)
+    starts = [sum(sizes[:i]) for i in range(len(sizes))]
+    return {"documents": sum(start < scored for start in starts), "of": len(sizes),
+            "bytes": scored, "share": scored / total if total else 0.0}

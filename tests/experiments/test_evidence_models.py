@@ -1,0 +1,57 @@
+"""Evidence III's models and their costs: the tile-matched window is w = m, the kernel tiles of
+a block-sparse kernel are counted by hand for small cases, and the coverage of a split's
+documents by its first bytes."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.evidence.models import (
+    costs,
+    coverage,
+    kernel_tiles,
+    model_config,
+    variant,
+)
+
+SIZE = dict(d_model=32, n_layers=2, n_heads=2, seq_len=512, num_segments=4)  # m = 128
+
+
+def config(name: str) -> ModelConfig:
+    return ModelConfig(**model_config(name, SIZE))
+
+
+def test_the_two_windows():
+    assert variant("sliding_window_tiles", 128) == {"arch": "sliding_window", "window": 128}
+    entries, tiles = config("sliding_window").resolved(), config("sliding_window_tiles")
+    assert tiles.window == 128 and entries.window > 128
+    # entry-matched: ECP's unmasked entries; tile-matched: ECP's research tiles
+    assert costs(config("sliding_window"))["entries"] == pytest.approx(
+        costs(config("ecp"))["entries"], rel=0.01)
+    assert costs(tiles)["research_tiles"] == costs(config("ecp"))["research_tiles"]
+    with pytest.raises(ValueError, match="unknown model"):
+        variant("sliding", 8)
+
+
+def test_kernel_tiles_by_hand():
+    # 4 x 4 blocks of 128: causal attention visits the 10 on or below the diagonal.
+    assert kernel_tiles(config("transformer")) == 10 / 16
+    # w = 128: query block i sees keys i*128 - 127 .. : blocks i - 1 and i (block 0: itself).
+    assert kernel_tiles(config("sliding_window_tiles")) == 7 / 16
+    # ECP, m = 128: a segment sees the previous one and itself causally: the same 7 blocks.
+    assert kernel_tiles(config("ecp")) == 7 / 16
+    # block_local, blocks of 2m = 256: each query block sees its own block of 256 causally,
+    # 1 + 2 blocks per block of 256, twice.
+    assert kernel_tiles(config("block_local")) == 6 / 16
+    assert kernel_tiles(ModelConfig(arch="perceiver_ar", **SIZE)) is None  # latents only
+    assert kernel_tiles(ModelConfig(arch="ecp", **{**SIZE, "seq_len": 384,
+                                                   "num_segments": 3}), block=256) is None
+
+
+def test_coverage():
+    sizes = [100, 50, 200, 10]
+    assert coverage(sizes, None) == {"documents": 4, "of": 4, "bytes": 360, "share": 1.0}
+    assert coverage(sizes, 150) == {"documents": 2, "of": 4, "bytes": 150, "share": 150 / 360}
+    assert coverage(sizes, 151)["documents"] == 3
+    assert coverage(sizes, 10_000)["bytes"] == 360
