@@ -9,6 +9,8 @@ import torch
 
 from ecp_lm.cli import main
 from ecp_lm.config import ARCHS
+from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
+from ecp_lm.plot import read_metrics
 from ecp_lm.run import checkpoint as checkpoint_module
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import TrainConfig
@@ -155,3 +157,25 @@ def test_cli_unknown_key_and_wrong_type(tmp_path, capsys):
                               ("train.steps=abc", "config key train.steps expects int")):
         code, err = cli(capsys, "train", "--config", path, "--out", tmp_path / "r", override)
         assert code == 2 and message in err and err.count("\n") == 1
+
+
+def test_eval_train_tokens_scores_the_train_split_at_each_validation(tmp_path):
+    cfg = tiny_run_config(tmp_path, "ecp", steps=4, eval_every=2, eval_train_tokens=300,
+                          logger="none")
+    train(cfg, tmp_path / "run", progress=False)
+    valid = read_metrics(tmp_path / "run")["valid"]
+    assert [r["step"] for r in valid] == [2, 4]
+    last = valid[-1]
+    assert last["train_loss"] > 0 and last["train_bits_per_byte"] > 0
+    scored = evaluate_checkpoint(tmp_path / "run" / "latest", "train", max_tokens=300,
+                                 progress=False)
+    assert last["train_loss"] == pytest.approx(scored["loss"], rel=1e-6)
+    assert last["train_bits_per_byte"] == pytest.approx(scored["bits_per_byte"], rel=1e-6)
+    assert "train_loss" not in read_metrics_without(tmp_path)
+
+
+def read_metrics_without(tmp_path):
+    """A run without eval_train_tokens logs no train scores."""
+    train(tiny_run_config(tmp_path, "ecp", steps=2, eval_every=2, logger="none"),
+          tmp_path / "plain", progress=False)
+    return read_metrics(tmp_path / "plain")["valid"][-1]

@@ -94,6 +94,10 @@ class TrainConfig:
     """Validate on the first this many tokens of the validation split (None: all of it)."""
     eval_batch_size: int = 16
     """Windows per evaluation batch."""
+    eval_train_tokens: int = 0
+    """Also score the first this many tokens of the train split at each validation, in eval
+    mode and by the same protocol (``train_loss``, ``train_bits_per_byte`` in the valid record):
+    the gap between train and validation as training goes (0: off)."""
     checkpoint_every: int = 200
     """Write the latest checkpoint every this many steps (and at the end)."""
     keep_every: int = 0
@@ -147,7 +151,8 @@ class TrainConfig:
             parse_device(self.device)
         except ValueError as err:
             raise ValueError(f"train.device: {err}") from None
-        for name in ("warmup_steps", "halve_every", "keep_every", "decay_steps"):
+        for name in ("warmup_steps", "halve_every", "keep_every", "decay_steps",
+                     "eval_train_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
         if self.schedule == "wsd" and self.decay_steps > self.steps:

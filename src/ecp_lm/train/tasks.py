@@ -53,6 +53,14 @@ class LanguageModelling:
                              f"than one evaluation window of seq_len+1={model.seq_len + 1}")
         self.valid_text = scored_text(self.cache, "valid", self.seq_len - self.stride + 1,
                                       len(self.valid))
+        self.train_slice = None
+        if train.eval_train_tokens:
+            self.train_slice = self.cache.tokens("train")[:train.eval_train_tokens]
+            if len(self.train_slice) < model.seq_len + 1:
+                raise ValueError(f"train.eval_train_tokens={train.eval_train_tokens} is fewer "
+                                 f"than one evaluation window of seq_len+1={model.seq_len + 1}")
+            self.train_text = scored_text(self.cache, "train", self.seq_len - self.stride + 1,
+                                          len(self.train_slice))
         self.eval_batch_size = train.eval_batch_size
         self.tokens_per_batch = train.batch_size * model.seq_len  # input tokens
 
@@ -80,7 +88,14 @@ class LanguageModelling:
                                   self.eval_batch_size, dist.device, autocast, dist.rank,
                                   dist.world_size)
         report = lm_report(nll, count, self.valid_text)
-        return {k: report[k] for k in ("loss", "bits_per_byte", "ppl_token", "ppl_word")}
+        out = {k: report[k] for k in ("loss", "bits_per_byte", "ppl_token", "ppl_word")}
+        if self.train_slice is not None:
+            nll, count = score_stream(model, self.train_slice, self.seq_len, self.stride,
+                                      self.eval_batch_size, dist.device, autocast, dist.rank,
+                                      dist.world_size)
+            train = lm_report(nll, count, self.train_text)
+            out.update(train_loss=train["loss"], train_bits_per_byte=train["bits_per_byte"])
+        return out
 
 
 class Classification:
@@ -92,6 +107,10 @@ class Classification:
                              f"next-token prediction; sequence classification "
                              f"(data.source={cfg.data.source}) has no context-parallel form")
         model, train = cfg.model, cfg.train
+        if train.eval_train_tokens:
+            raise ValueError(f"train.eval_train_tokens={train.eval_train_tokens} scores a "
+                             f"token stream; sequence classification (data.source="
+                             f"{cfg.data.source}) has none")
         self.data: PixelSequences = load_pixel_dataset(cfg.data.source, cfg.data.path,
                                                        seed=train.seed)
         if model.num_classes != self.data.num_classes:
