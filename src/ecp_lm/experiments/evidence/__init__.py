@@ -12,6 +12,9 @@ issue's size and may take several sessions):
 - ``recall`` (``recall.py``): multi-query associative recall at L = 2, 4, 6 for ecp, both
   sliding windows, block_local and the transformer, three seeds each at its best learning
   rate, the weights kept.
+- ``dropout`` (``dropout.py``): the implicit-dropout claim in an overfitting regime (N = 256 on
+  about 1 MB for many epochs): ecp, sliding_window and the transformer at dropout 0, 0.1, 0.2,
+  three seeds each, the train-validation gap at every epoch.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``.
@@ -24,13 +27,13 @@ import os
 
 from ecp_lm.experiments import one_line_errors
 
-STAGES = ("curve", "recall")
+STAGES = ("curve", "recall", "dropout")
 BUDGETS = ("tiny", "small", "full")
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from ecp_lm.experiments.evidence import curve, recall
+    from ecp_lm.experiments.evidence import curve, dropout, recall
     from ecp_lm.outputs import output_folder
 
     parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
@@ -57,7 +60,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.stage == "curve":
         summary = curve.run_curve(args.budget, out, args.jobs, threads, not args.quiet)
         print(curve.curve_markdown(summary))
-    else:
+    elif args.stage == "recall":
         summary = recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
         print(recall.recall_markdown(summary))
+    else:
+        summary = dropout.run_dropout(args.budget, out, args.jobs, threads, not args.quiet)
+        print(dropout.dropout_markdown(summary))
     return 0

@@ -1,0 +1,66 @@
+"""Evidence III's implicit-dropout stage (`--stage dropout --budget tiny`) end to end on the
+real corpus (enwiki-mini, fetched through the package registry; marked ``integration``): the
+overfitting corpus is a prefix of each split cut at a line end, every run scores validation
+and its training text at every epoch, the gap is their difference, and a resumed stage trains
+nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_integration import fetched
+
+from ecp_lm.experiments.evidence import dropout as dropout_module
+from ecp_lm.experiments.evidence import main
+from ecp_lm.experiments.evidence.dropout import (
+    ARCHS,
+    DROPOUT_BUDGETS,
+    DROPOUTS,
+    FILES,
+    steps_per_epoch,
+)
+from ecp_lm.run.config import RunConfig
+
+pytestmark = pytest.mark.integration
+
+
+def test_tiny_dropout_stage(tmp_path, monkeypatch):
+    from ecp_lm.data.sources import open_source
+
+    source = fetched(lambda: open_source("enwiki-mini"))
+    budget = DROPOUT_BUDGETS["tiny"]
+    assert main(["--stage", "dropout", "--budget", "tiny", "--out", str(tmp_path / "ev"),
+                 "--quiet"]) == 0
+    out = tmp_path / "ev" / "dropout" / "tiny"
+    for split, name in FILES.items():
+        data = (out / "corpus" / name).read_bytes()
+        limit = budget.train_bytes if split == "train" else budget.eval_bytes
+        whole = b"".join(source.chunks(split))
+        assert whole.startswith(data) and data.endswith(b"\n")
+        assert limit - 4096 < len(data) <= limit  # cut at the last line end before the limit
+    summary = json.loads((out / "dropout.json").read_text())
+    epoch = steps_per_epoch(budget)
+    assert set(summary["table"]) == {f"{a}/{d:g}" for a in ARCHS for d in DROPOUTS}
+    for arch in ARCHS:
+        for dropout in DROPOUTS:
+            for seed in range(3):
+                folder = out / "runs" / arch / f"dropout{dropout:g}" / f"seed{seed}"
+                result = json.loads((folder / "result.json").read_text())
+                cfg = RunConfig.load(str(folder / "run" / "config.yaml"), saved=True)
+                assert (cfg.model.arch, cfg.model.dropout, cfg.train.seed) == (
+                    arch, dropout, seed)
+                assert [c["step"] for c in result["curve"]] == [
+                    epoch * (k + 1) for k in range(budget.epochs)]
+                for c in result["curve"]:
+                    assert c["gap_bits"] == c["valid_bits"] - c["train_bits"]
+                assert result["best_valid_bits"] == min(c["valid_bits"]
+                                                        for c in result["curve"])
+    assert len(summary["findings"]) == len(ARCHS) - 1 + len(ARCHS)
+    assert "| ecp | 0.1 |" in (out / "dropout.md").read_text()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a finished stage trained again")
+
+    monkeypatch.setattr(dropout_module, "dropout_job", no_training)
+    assert dropout_module.run_dropout("tiny", out) == summary
