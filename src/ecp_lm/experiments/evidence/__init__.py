@@ -15,6 +15,9 @@ issue's size and may take several sessions):
 - ``dropout`` (``dropout.py``): the implicit-dropout claim in an overfitting regime (N = 256 on
   about 1 MB for many epochs): ecp, sliding_window and the transformer at dropout 0, 0.1, 0.2,
   three seeds each, the train-validation gap at every epoch.
+- ``hybrid``: ECP as the local layer of a hybrid, three local layers and one global: ecp, both
+  sliding windows and block_local as the local layer, on recall at L = 4 and 8 (against the
+  transformer) and on the curve (against the curve stage's transformer), seeds as above.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``.
@@ -27,7 +30,7 @@ import os
 
 from ecp_lm.experiments import one_line_errors
 
-STAGES = ("curve", "recall", "dropout")
+STAGES = ("curve", "recall", "dropout", "hybrid")
 BUDGETS = ("tiny", "small", "full")
 
 
@@ -63,7 +66,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.stage == "recall":
         summary = recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
         print(recall.recall_markdown(summary))
-    else:
+    elif args.stage == "dropout":
         summary = dropout.run_dropout(args.budget, out, args.jobs, threads, not args.quiet)
         print(dropout.dropout_markdown(summary))
+    else:
+        name = f"hybrid-{args.budget}"
+        summary = recall.run_recall(name, out / "recall", args.jobs, args.threads,
+                                    not args.quiet)
+        print(recall.recall_markdown(summary))
+        summary = curve.run_curve(name, out / "curve", args.jobs, threads, not args.quiet)
+        print(curve.curve_markdown(summary))
     return 0

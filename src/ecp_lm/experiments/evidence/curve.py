@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import combinations
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,7 @@ from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
-from ecp_lm.experiments.evidence.models import costs, coverage, model_config
+from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_config
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
 from ecp_lm.model import build_model
@@ -74,6 +74,12 @@ CURVE_BUDGETS = {
                    log_every=25, eval_max_tokens=262144, min_lr_ratio=0.0),
         points=(300, 600, 1200, 2400), select_steps=300, valid_tokens=None),
 }
+# ECP as the local layer of a hybrid (three local layers, one global) on the same curve; the
+# transformer's points are the curve stage's (the same runs).
+# (At least 4 layers: one whole unit, its global layer included.)
+CURVE_BUDGETS.update({f"hybrid-{name}": replace(
+    budget, models=HYBRIDS, size={**budget.size, "n_layers": max(4, budget.size["n_layers"])})
+    for name, budget in list(CURVE_BUDGETS.items())})
 
 
 def run_config(budget: CurveBudget, model: str, seed: int, lr: float) -> RunConfig:

@@ -35,7 +35,15 @@ MODELS: dict[str, dict[str, Any]] = {
     "sliding_window_tiles": {"arch": "sliding_window", "window": "m"},
     "block_local": {"arch": "block_local"},
     "s2": {"arch": "s2"},
+    # Hybrids: three local layers and one global (the transformer's), tiled over the depth.
+    "hybrid_ecp": {"arch": "hybrid", "layer_pattern": "ecp*3,transformer"},
+    "hybrid_sliding_window": {"arch": "hybrid", "layer_pattern": "sliding_window*3,transformer"},
+    "hybrid_sliding_window_tiles": {"arch": "hybrid",
+                                    "layer_pattern": "sliding_window*3,transformer",
+                                    "window": "m"},
+    "hybrid_block_local": {"arch": "hybrid", "layer_pattern": "block_local*3,transformer"},
 }
+HYBRIDS = tuple(name for name in MODELS if name.startswith("hybrid_"))
 """Each model's ``ModelConfig`` fields beside the shared size; ``"m"`` is the segment length."""
 
 
@@ -60,13 +68,20 @@ def kernel_tiles(cfg: ModelConfig, block: int = KERNEL_BLOCK) -> float | None:
     family) or whose N is not a multiple of ``block``."""
     arch = architecture(cfg.arch)(cfg)
     n = cfg.seq_len
-    if n % block or getattr(arch, "mask", None) is None or arch.num_predicted(n) != n:
+    if n % block or arch.num_predicted(n) != n:
+        return None
+    layers = [arch.layer(i) for i in range(cfg.n_layers)] if hasattr(arch, "layer") else \
+        [arch] * cfg.n_layers  # a hybrid's layers each have their own mask
+    if any(getattr(layer, "mask", None) is None for layer in layers):
         return None
     q = positions(0, n)
-    grid = materialize(arch.mask, q, q, cfg.n_heads)  # (N, N) or (H, N, N)
-    grid = grid.reshape(*grid.shape[:-2], n // block, block, n // block, block)
-    visited = grid.any(dim=-1).any(dim=-2)  # (..., N/b, N/b)
-    return float(visited.to(torch.float64).mean())
+    shares = []
+    for layer in layers:
+        grid = materialize(layer.mask, q, q, cfg.n_heads)  # (N, N) or (H, N, N)
+        grid = grid.reshape(*grid.shape[:-2], n // block, block, n // block, block)
+        visited = grid.any(dim=-1).any(dim=-2)  # (..., N/b, N/b)
+        shares.append(float(visited.to(torch.float64).mean()))
+    return sum(shares) / len(shares)
 
 
 def costs(cfg: ModelConfig) -> dict[str, float | None]:

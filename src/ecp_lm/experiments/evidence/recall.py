@@ -25,7 +25,7 @@ from typing import Any
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
-from ecp_lm.experiments.evidence.models import costs, variant
+from ecp_lm.experiments.evidence.models import HYBRIDS, costs, variant
 from ecp_lm.experiments.study import write_json
 
 MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "block_local", "transformer")
@@ -56,6 +56,11 @@ RECALL_BUDGETS = {
     "full": RecallBudget(mqar="small", depths=(2, 4, 6), steps=9600, select_steps=2400,
                          select_depth=4, lrs=(1e-3, 3e-3, 1e-2)),
 }
+# ECP as the local layer of a hybrid (three local layers, one global) against the transformer,
+# at L = 4 (one unit) and 8 (two).
+RECALL_BUDGETS.update({f"hybrid-{name}": replace(budget, depths=(4, 8),
+                                                 models=(*HYBRIDS, "transformer"))
+                       for name, budget in list(RECALL_BUDGETS.items())})
 
 
 def model_config(budget: RecallBudget, name: str, depth: int) -> ModelConfig:
