@@ -62,3 +62,14 @@ def test_tiny_recall_stage(tmp_path, monkeypatch, capsys):
 
     monkeypatch.setattr(recall_module, "recall_job", no_training)
     assert recall_module.run_recall("tiny", out) == summary
+    monkeypatch.undo()
+
+    # The relay stage on these models: every model and depth, the three seeds, every offset.
+    assert main(["--stage", "relay", "--budget", "tiny", "--out", str(tmp_path / "ev")]) == 0
+    relay = json.loads((tmp_path / "ev" / "relay" / "tiny" / "relay.json").read_text())
+    assert set(relay["table"]) == {f"{m}/L{d}" for m in MODELS for d in budget.depths}
+    for row in relay["table"].values():
+        for cell in row["offsets"].values():
+            assert 0 <= cell["clean"]["mean"] <= 1 and 0 <= cell["path_replaced"]["mean"] <= 1
+    assert main(["--stage", "relay", "--budget", "small", "--out", str(tmp_path / "ev")]) == 2
+    assert "run --stage recall --budget small" in capsys.readouterr().err

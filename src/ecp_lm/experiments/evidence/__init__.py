@@ -15,6 +15,9 @@ issue's size and may take several sessions):
 - ``dropout`` (``dropout.py``): the implicit-dropout claim in an overfitting regime (N = 256 on
   about 1 MB for many epochs): ecp, sliding_window and the transformer at dropout 0, 0.1, 0.2,
   three seeds each, the train-validation gap at every epoch.
+- ``relay`` (``relay.py``): on the recall stage's trained models (run it first), the residual
+  stream at the segments between a value and its query replaced by another sequence's: is the
+  relay the path the answer takes?
 - ``hybrid``: ECP as the local layer of a hybrid, three local layers and one global: ecp, both
   sliding windows and block_local as the local layer, on recall at L = 4 and 8 (against the
   transformer) and on the curve (against the curve stage's transformer), seeds as above.
@@ -30,13 +33,13 @@ import os
 
 from ecp_lm.experiments import one_line_errors
 
-STAGES = ("curve", "recall", "dropout", "hybrid")
+STAGES = ("curve", "recall", "relay", "dropout", "hybrid")
 BUDGETS = ("tiny", "small", "full")
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from ecp_lm.experiments.evidence import curve, dropout, recall
+    from ecp_lm.experiments.evidence import curve, dropout, recall, relay
     from ecp_lm.outputs import output_folder
 
     parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
@@ -66,6 +69,14 @@ def main(argv: list[str] | None = None) -> int:
     elif args.stage == "recall":
         summary = recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
         print(recall.recall_markdown(summary))
+    elif args.stage == "relay":
+        trained = out.parent.parent / "recall" / args.budget
+        if not (trained / "recall.json").exists():
+            raise ValueError(f"--stage relay reads the recall stage's models: run --stage "
+                             f"recall --budget {args.budget} --out {args.out} first "
+                             f"({trained / 'recall.json'} does not exist)")
+        summary = relay.run_relay(trained, out)
+        print(relay.relay_markdown(summary))
     elif args.stage == "dropout":
         summary = dropout.run_dropout(args.budget, out, args.jobs, threads, not args.quiet)
         print(dropout.dropout_markdown(summary))

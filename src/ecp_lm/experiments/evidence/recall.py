@@ -46,11 +46,13 @@ class RecallBudget:
     models: tuple[str, ...] = MODELS
     threads: int | None = 1
     """torch threads per run (the models are small: one thread each, two runs side by side)."""
+    relay_sequences: int = 512
+    """Held-out sequences of the relay stage's interventions on these models."""
 
 
 RECALL_BUDGETS = {
     "tiny": RecallBudget(mqar="tiny", depths=(2, 4), steps=40, select_steps=20, select_depth=4,
-                         lrs=(1e-3, 3e-3)),
+                         lrs=(1e-3, 3e-3), relay_sequences=32),
     "small": RecallBudget(mqar="small", depths=(2, 4, 6), steps=1200, select_steps=600,
                           select_depth=4, lrs=(1e-3, 3e-3, 1e-2)),
     "full": RecallBudget(mqar="small", depths=(2, 4, 6), steps=9600, select_steps=2400,

@@ -1,0 +1,182 @@
+"""Evidence III, is the relay causal? Interventions on the trained recall models.
+
+For each query of held-out MQAR sequences, the residual stream at the segments strictly between
+the planted value's segment and the query's is replaced, after the embedding and after every
+block, by another sequence's at the same positions (a resample ablation, ``patched_logits``):
+a model that carries the value to the query through those segments (ECP's relay, a sliding
+window's chain) loses it, one that attends to the value directly (the transformer) does not.
+The control replaces as many segments before the value's (where there are that many), which
+no path from the value to the query crosses: the generic cost of the surgery. Reported per
+model, depth and value-to-query segment offset: accuracy clean, with the path replaced and
+with the control replaced, over the recall stage's seeds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ecp_lm.experiments.mqar.task import MQARBatch
+from ecp_lm.model import LanguageModel
+
+
+@torch.no_grad()
+def patched_logits(model: LanguageModel, tokens: Tensor, donor: Tensor, patch: Tensor
+                   ) -> Tensor:
+    """Logits of ``tokens`` (B, N) with the residual stream at the positions ``patch`` (B, N,
+    bool) taken, after the embedding and after every block, from ``donor`` (B, N)'s forward
+    at the same positions."""
+    modules = [model.embed, *model.blocks]
+    donor_states: list[Tensor] = []
+
+    def record(_module, _inputs, output):
+        donor_states.append(output[0] if isinstance(output, tuple) else output)
+
+    def replace(index: int):
+        def hook(_module, _inputs, output):
+            x = output[0] if isinstance(output, tuple) else output
+            x = torch.where(patch[..., None], donor_states[index], x)
+            return (x, *output[1:]) if isinstance(output, tuple) else x
+        return hook
+
+    handles = [m.register_forward_hook(record) for m in modules]
+    try:
+        model(donor)
+    finally:
+        for handle in handles:
+            handle.remove()
+    handles = [m.register_forward_hook(replace(i)) for i, m in enumerate(modules)]
+    try:
+        return model(tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def segment_masks(batch: MQARBatch, segment_len: int, query: int) -> tuple[Tensor, Tensor]:
+    """(path, control), each (B, N) bool, for query ``query`` of each row: the segments strictly
+    between its value's and its own; as many segments ending where the value's begins (all
+    False in a row without that many)."""
+    n = batch.tokens.size(1)
+    m = segment_len
+    seg = torch.arange(n) // m  # (N,)
+    value_seg = ((batch.key_pos[:, query] + 1) // m)[:, None]  # (B, 1)
+    query_seg = (batch.query_pos[:, query] // m)[:, None]
+    path = (seg > value_seg) & (seg < query_seg)
+    count = query_seg - value_seg - 1
+    control = (seg >= value_seg - count) & (seg < value_seg) & (value_seg - count >= 0)
+    return path, control
+
+
+@torch.no_grad()
+def intervene(model: LanguageModel, batch: MQARBatch, donor: MQARBatch, segment_len: int
+              ) -> dict[str, Any]:
+    """Per value-to-query offset: accuracy clean, with the path replaced, with the control
+    replaced (over the queries that have a control), and how many queries each counts."""
+    model.eval()
+    rows = torch.arange(batch.tokens.size(0))
+    clean = model(batch.tokens).argmax(-1)
+    out: dict[int, dict[str, list[bool]]] = {}
+    for q in range(batch.query_pos.size(1)):
+        pos, answer = batch.query_pos[:, q], batch.values[:, q]
+        offset = batch.query_pos[:, q] // segment_len - (batch.key_pos[:, q] + 1) // segment_len
+        path, control = segment_masks(batch, segment_len, q)
+        hit_clean = clean[rows, pos] == answer
+        hit_path = patched_logits(model, batch.tokens, donor.tokens, path).argmax(-1)[
+            rows, pos] == answer
+        hit_control = patched_logits(model, batch.tokens, donor.tokens, control).argmax(-1)[
+            rows, pos] == answer
+        has_control = control.any(1)
+        for o in offset.unique().tolist():
+            row = offset == o
+            cell = out.setdefault(int(o), {"clean": [], "path": [], "control": [],
+                                           "control_clean": []})
+            cell["clean"] += hit_clean[row].tolist()
+            cell["path"] += hit_path[row].tolist()
+            cell["control"] += hit_control[row & has_control].tolist()
+            cell["control_clean"] += hit_clean[row & has_control].tolist()
+
+    def mean(values: list[bool]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    return {str(o): {"queries": len(c["clean"]), "clean": mean(c["clean"]),
+                     "path_replaced": mean(c["path"]), "control_queries": len(c["control"]),
+                     "control_clean": mean(c["control_clean"]),
+                     "control_replaced": mean(c["control"])}
+            for o, c in sorted(out.items())}
+
+
+def load_recall_model(folder: Path) -> LanguageModel:
+    from safetensors.torch import load_file
+
+    from ecp_lm.config import ModelConfig
+    from ecp_lm.model import build_model
+
+    result = json.loads((folder / "result.json").read_text())
+    model = build_model(ModelConfig(**result["config"]))
+    model.load_state_dict(load_file(folder / "model.safetensors"))
+    return model.eval()
+
+
+def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
+    """The interventions on every model the recall stage in ``recall_out`` trained, on its
+    budget's ``relay_sequences`` held-out sequences (donors: as many others), over its
+    seeds."""
+    from ecp_lm.experiments.evidence.recall import RECALL_BUDGETS
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+    from ecp_lm.experiments.mqar.task import mqar_batch
+    from ecp_lm.experiments.study import write_json
+    from ecp_lm.fsutil import write_bytes_atomic
+
+    stage = json.loads((recall_out / "recall.json").read_text())
+    budget = RECALL_BUDGETS[stage["budget"]]
+    task = BUDGETS[budget.mqar]
+    sequences = budget.relay_sequences
+    batch = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_001))
+    donor = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_003))
+    table: dict[str, Any] = {}
+    for name in budget.models:
+        for depth in budget.depths:
+            seeds = [intervene(load_recall_model(recall_out / "runs" / name / f"L{depth}" /
+                                                 f"seed{s}"), batch, donor, task.segment_len)
+                     for s in range(budget.seeds)]
+            cells = {}
+            for offset in seeds[0]:
+                cells[offset] = {"queries": seeds[0][offset]["queries"],
+                                 "control_queries": seeds[0][offset]["control_queries"]}
+                for key in ("clean", "path_replaced", "control_clean", "control_replaced"):
+                    values = [s[offset][key] for s in seeds if s[offset][key] is not None]
+                    cells[offset][key] = ({"mean": statistics.fmean(values),
+                                           "half_range": (max(values) - min(values)) / 2}
+                                          if values else None)
+            table[f"{name}/L{depth}"] = {"model": name, "depth": depth, "offsets": cells}
+    summary = {"recall_budget": stage["budget"], "sequences": sequences,
+               "seeds": budget.seeds, "segment_len": task.segment_len, "table": table}
+    write_json(out / "relay.json", summary)
+    write_bytes_atomic(out / "relay.md", relay_markdown(summary).encode())
+    return summary
+
+
+def relay_markdown(summary: dict[str, Any]) -> str:
+    def cell(value: dict[str, float] | None) -> str:
+        return "-" if value is None else f"{value['mean']:.3f} ± {value['half_range']:.3f}"
+
+    lines = [f"# Evidence III: is the relay causal? (recall budget `{summary['recall_budget']}`)",
+             "", f"{summary['sequences']} held-out sequences, segments of "
+             f"{summary['segment_len']}, {summary['seeds']} seeds per model (mean ± half the "
+             "range). Path: the residual stream at every segment between the value's and the "
+             "query's replaced by another sequence's, at every layer; control: as many "
+             "segments before the value's replaced (on the queries that have them).", "",
+             "| model | L | offset | queries | clean | path replaced | control: clean | "
+             "control replaced |", "|---|---|---|---|---|---|---|---|"]
+    for row in summary["table"].values():
+        for offset, c in row["offsets"].items():
+            lines.append(f"| {row['model']} | {row['depth']} | {offset} | {c['queries']} | "
+                         f"{cell(c['clean'])} | {cell(c['path_replaced'])} | "
+                         f"{cell(c['control_clean'])} | {cell(c['control_replaced'])} |")
+    return "\n".join(lines) + "\n"
