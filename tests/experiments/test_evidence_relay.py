@@ -64,3 +64,26 @@ def test_the_replaced_path_cuts_ecp_from_the_value_not_the_transformer():
     report = intervene(sharp_model("ecp"), batch, batch_of(donor, key_pos, query_pos), M)
     assert set(report) == {"2"} and report["2"]["queries"] == 4
     assert report["2"]["control_queries"] == 4  # segment 0, before the value's
+
+
+def test_binding_batch_and_probe():
+    from ecp_lm.experiments.evidence.relay import binding_batch, binding_probe
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+
+    spec, m = BUDGETS["tiny"].spec, BUDGETS["tiny"].segment_len
+    tokens, keys, values = binding_batch(spec, m, 3, 50, torch.Generator().manual_seed(0))
+    for row in range(50):
+        assert len(set(keys[row].tolist())) == 3  # distinct keys
+        for j in range(3):  # pair j inside segment j: its key, then its value
+            segment = tokens[row, j * m:(j + 1) * m].tolist()
+            at = segment.index(keys[row, j].item())
+            assert segment[at + 1] == values[row, j].item()
+        planted = (tokens[row] < spec.values_start).sum().item()
+        assert planted == 3  # no other key anywhere: filler elsewhere
+    model = sharp_model("ecp", vocab_size=spec.vocab_size, seq_len=spec.seq_len,
+                        num_segments=spec.seq_len // m, n_layers=2)
+    report = binding_probe(model, spec, m, 3, 64, 32)
+    assert report["segments"] == list(range(2, spec.seq_len // m))
+    assert len(report["accuracy"]) == 3 and all(
+        len(r) == len(report["segments"]) and all(0 <= v <= 1 for v in r)
+        for r in report["accuracy"])

@@ -9,6 +9,12 @@ The control replaces as many segments before the value's (where there are that m
 no path from the value to the query crosses: the generic cost of the surgery. Reported per
 model, depth and value-to-query segment offset: accuracy clean, with the path replaced and
 with the control replaced, over the recall stage's seeds.
+
+Binding (``binding_probe``): the single-pair segment probe shows that a value is decodable
+downstream, not that the state keeps which key it belongs to. Here several pairs are planted at
+once, one per segment from the first, and at the end of each later segment a linear probe per
+key reads the value planted with that key from each layer's state: the bindings, not a bag of
+values.
 """
 
 from __future__ import annotations
@@ -23,6 +29,9 @@ from torch import Tensor
 
 from ecp_lm.experiments.mqar.task import MQARBatch
 from ecp_lm.model import LanguageModel
+
+BINDING_PAIRS = 3
+"""Pairs the binding probe plants at once."""
 
 
 @torch.no_grad()
@@ -111,6 +120,66 @@ def intervene(model: LanguageModel, batch: MQARBatch, donor: MQARBatch, segment_
             for o, c in sorted(out.items())}
 
 
+def binding_batch(spec, segment_len: int, pairs: int, count: int, generator: torch.Generator
+                  ) -> tuple[Tensor, Tensor, Tensor]:
+    """Sequences of filler with ``pairs`` key-value pairs of distinct keys, pair j inside segment
+    j, and no query: (tokens (B, N), keys (B, P), values (B, P))."""
+    m, n = segment_len, spec.seq_len
+    if pairs * m > n or m < 2:
+        raise ValueError(f"{pairs} pairs, one per segment of {m}, do not fit in seq_len={n}")
+    tokens = torch.randint(spec.filler_start, spec.vocab_size, (count, n), generator=generator)
+    keys = torch.rand(count, spec.num_keys, generator=generator).argsort(1)[:, :pairs]
+    values = torch.randint(spec.values_start, spec.filler_start, (count, pairs),
+                           generator=generator)
+    start = torch.randint(0, m - 1, (count, pairs), generator=generator)  # key at start, value +1
+    rows = torch.arange(count)[:, None]
+    key_pos = torch.arange(pairs) * m + start
+    tokens[rows, key_pos], tokens[rows, key_pos + 1] = keys, values
+    return tokens, keys, values
+
+
+@torch.no_grad()
+def binding_probe(model: LanguageModel, spec, segment_len: int, pairs: int, n_train: int,
+                  n_test: int, ridge: float = 1e-3) -> dict[str, Any]:
+    """Held-out accuracy of reading, for every key, the value planted with it, linearly from
+    each layer at the end of each segment from the last pair's to the end (one probe per layer,
+    segment and key, over the sequences that plant that key), averaged over the keys."""
+    from ecp_lm.experiments.mqar.linear_probe import _collect, fit_linear_probe, probe_predict
+
+    m = segment_len
+    anchors = torch.arange(pairs, spec.seq_len // m + 1) * m - 1  # segment ends from pair P-1's
+
+    def states(count: int, seed: int):
+        tokens, keys, values = binding_batch(spec, m, pairs, count,
+                                             torch.Generator().manual_seed(seed))
+        x = _collect(model, tokens, anchors.expand(count, -1))  # (L+1, B, A, d)
+        return x, keys, values - spec.values_start
+
+    x_train, k_train, y_train = states(n_train, 13_000_001)
+    x_test, k_test, y_test = states(n_test, 13_000_003)
+    grid = []
+    for layer in range(x_train.size(0)):
+        row = []
+        for a in range(len(anchors)):
+            hits, total = 0, 0
+            for key in range(spec.num_keys):
+                train_rows, train_slot = (k_train == key).nonzero(as_tuple=True)
+                test_rows, test_slot = (k_test == key).nonzero(as_tuple=True)
+                if len(train_rows) < 2 or not len(test_rows):
+                    continue
+                probe = fit_linear_probe(x_train[layer, train_rows, a],
+                                         y_train[train_rows, train_slot], spec.num_values,
+                                         ridge)
+                predicted = probe_predict(probe, x_test[layer, test_rows, a])
+                hits += int((predicted == y_test[test_rows, test_slot]).sum())
+                total += len(test_rows)
+            row.append(hits / total)
+        grid.append(row)
+    return {"accuracy": grid, "layers": list(range(x_train.size(0))),
+            "segments": (anchors // m).tolist(), "pairs": pairs, "chance": spec.chance,
+            "n_train": n_train, "n_test": n_test}
+
+
 def load_recall_model(folder: Path) -> LanguageModel:
     from safetensors.torch import load_file
 
@@ -140,11 +209,14 @@ def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
     batch = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_001))
     donor = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_003))
     table: dict[str, Any] = {}
+    pairs = min(BINDING_PAIRS, task.spec.seq_len // task.segment_len - 1)
     for name in budget.models:
         for depth in budget.depths:
-            seeds = [intervene(load_recall_model(recall_out / "runs" / name / f"L{depth}" /
-                                                 f"seed{s}"), batch, donor, task.segment_len)
-                     for s in range(budget.seeds)]
+            models = [load_recall_model(recall_out / "runs" / name / f"L{depth}" / f"seed{s}")
+                      for s in range(budget.seeds)]
+            seeds = [intervene(model, batch, donor, task.segment_len) for model in models]
+            binding = [binding_probe(model, task.spec, task.segment_len, pairs,
+                                     4 * sequences, sequences)["accuracy"] for model in models]
             cells = {}
             for offset in seeds[0]:
                 cells[offset] = {"queries": seeds[0][offset]["queries"],
@@ -154,8 +226,14 @@ def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
                     cells[offset][key] = ({"mean": statistics.fmean(values),
                                            "half_range": (max(values) - min(values)) / 2}
                                           if values else None)
-            table[f"{name}/L{depth}"] = {"model": name, "depth": depth, "offsets": cells}
+            table[f"{name}/L{depth}"] = {
+                "model": name, "depth": depth, "offsets": cells,
+                "binding": [[statistics.fmean(seed[layer][a] for seed in binding)
+                             for a in range(len(binding[0][0]))]
+                            for layer in range(len(binding[0]))]}
     summary = {"recall_budget": stage["budget"], "sequences": sequences,
+               "binding_pairs": pairs, "binding_chance": task.spec.chance,
+               "binding_segments": list(range(pairs - 1, task.spec.seq_len // task.segment_len)),
                "seeds": budget.seeds, "segment_len": task.segment_len, "table": table}
     write_json(out / "relay.json", summary)
     write_bytes_atomic(out / "relay.md", relay_markdown(summary).encode())
@@ -179,4 +257,18 @@ def relay_markdown(summary: dict[str, Any]) -> str:
             lines.append(f"| {row['model']} | {row['depth']} | {offset} | {c['queries']} | "
                          f"{cell(c['clean'])} | {cell(c['path_replaced'])} | "
                          f"{cell(c['control_clean'])} | {cell(c['control_replaced'])} |")
+    lines += ["", f"Binding: {summary['binding_pairs']} pairs planted at once (one per segment "
+              "from the first, no query); a linear probe per key reads the value planted with "
+              "it from each layer at the end of each segment from the last pair's on (chance "
+              f"{summary['binding_chance']:.3f}); mean over the seeds, the best layer and "
+              "segment (the best of many cells: an optimistic summary; the whole grid is in "
+              "relay.json), and the last layer at the last segment:", "",
+              "| model | L | best (layer, segment) | last layer, last segment |",
+              "|---|---|---|---|"]
+    for row in summary["table"].values():
+        grid = row["binding"]
+        best = max((v, layer, a) for layer, r in enumerate(grid) for a, v in enumerate(r))
+        segment = summary["binding_segments"][best[2]]
+        lines.append(f"| {row['model']} | {row['depth']} | {best[0]:.3f} ({best[1]}, "
+                     f"{segment}) | {grid[-1][-1]:.3f} |")
     return "\n".join(lines) + "\n"
