@@ -61,7 +61,25 @@ def tile_ratio_window_to_ecp() -> str:
     return f"{window / ecp:.2f}"
 
 
+def evidence_costs(name: str, label: str) -> str:
+    """A row of the README's Evidence III cost table (``experiments.evidence.models.costs``)."""
+    from ecp_lm.experiments.evidence.models import costs, model_config
+
+    c = costs(ModelConfig(**model_config(name, dict(d_model=128, n_layers=4, n_heads=4,
+                                                    seq_len=2048, num_segments=8))))
+    return (f"| {label} | {c['entries']:.3f} | {c['research_tiles']:.3f} | "
+            f"{c['kernel_tiles']:.3f} |")
+
+
+EVIDENCE_ROWS = {"transformer": "transformer", "ecp": "ecp",
+                 "sliding_window": "sliding_window (entries)",
+                 "sliding_window_tiles": "sliding_window_tiles (w = m)",
+                 "block_local": "block_local", "s2": "s2"}
+
 QUOTES = {
+    **{f"README: Evidence III cost of {name}": (README, lambda name=name, label=label:
+                                                 evidence_costs(name, label))
+       for name, label in EVIDENCE_ROWS.items()},
     "README: throughput at 16k": (README, lambda: (
         f"ECP's training tokens/s at N = 16384 is **{throughput_ratio()}×** the transformer's")),
     "results.md: throughput at 16k": (RESULTS, lambda: (
