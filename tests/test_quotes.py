@@ -76,7 +76,18 @@ EVIDENCE_ROWS = {"transformer": "transformer", "ecp": "ecp",
                  "sliding_window_tiles": "sliding_window_tiles (w = m)",
                  "block_local": "block_local", "s2": "s2"}
 
+def window_tile_range() -> str:
+    """The entry-matched window's research tiles over ECP's across the baselines' N."""
+    rows = train_rows("benchmarks/results/bench_baselines_cpu.json")
+    ratios = [rows["sliding_window", n]["tile_ratio_to_full"] / rows["ecp", n]["tile_ratio_to_full"]
+              for n in (1024, 2048, 4096, 8192, 16384)]
+    return f"{min(ratios):.2f}–{max(ratios):.2f}× ECP\n({ratios[1]:.2f}× at 2048)"
+
+
 QUOTES = {
+    "README: the window in tiles across N": (README, lambda: (
+        f"key blocks, what a block-sparse kernel with blocks of the segment pays) it costs "
+        f"{window_tile_range()}")),
     **{f"README: Evidence III cost of {name}": (README, lambda name=name, label=label:
                                                  evidence_costs(name, label))
        for name, label in EVIDENCE_ROWS.items()},
