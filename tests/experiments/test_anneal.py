@@ -102,9 +102,12 @@ def test_branching_survives_sigkill(tmp_path):
     assert not run_child(script.replace('"killed"', '"timed"'), env)
     whole = time.perf_counter() - start
     rng = random.Random(0)
-    killed = sum(run_child(script, env, kill_after=rng.uniform(0.2, 1.0) * whole)
-                 for _ in range(5))  # random instants of the start-up and the training
-    assert killed >= 2  # most landed before the child finished
+    killed = 0
+    for _ in range(8):  # random instants of the start-up and the training, until three landed
+        killed += run_child(script, env, kill_after=rng.uniform(0.1, 0.6) * whole)
+        if killed == 3:
+            break
+    assert killed >= 2  # each resumed child has less left to do: a late kill may find it done
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0 and "done" in done.stdout, done.stderr[-2000:]

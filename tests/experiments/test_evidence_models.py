@@ -55,3 +55,13 @@ def test_coverage():
     assert coverage(sizes, 150) == {"documents": 2, "of": 4, "bytes": 150, "share": 150 / 360}
     assert coverage(sizes, 151)["documents"] == 3
     assert coverage(sizes, 10_000)["bytes"] == 360
+
+
+def test_orderings_only_where_ranges_separate():
+    from ecp_lm.experiments.evidence.stats import orderings, spread
+
+    ranges = {"a": spread([1.0, 1.2]), "b": spread([1.3, 1.5]), "c": spread([1.1, 1.4])}
+    assert orderings(ranges) == ["a < b"]  # c overlaps both
+    assert orderings(ranges, higher_is_better=True) == ["b > a"]
+    assert spread([1.0, 2.0, 4.0]) == {"mean": 7 / 3, "min": 1.0, "max": 4.0,
+                                       "half_range": 1.5, "n": 3}

@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import dataclass, field, replace
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_config
+from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
 from ecp_lm.model import build_model
@@ -184,11 +184,6 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
     return summary
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "half_range": (max(values) - min(values)) / 2, "n": len(values)}
-
-
 def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, seeds: dict,
               times: dict) -> dict[str, Any]:
     models = {}
@@ -206,20 +201,12 @@ def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, se
                                               ["bits_per_byte"] for lr in budget.lrs},
                      "costs": costs(ModelConfig(**model_config(m, budget.size))),
                      "step_s": times[m], "points": points}
-    orderings = {}
-    for steps in map(str, budget.points):
-        calls = []
-        for a, b in combinations(budget.models, 2):
-            x, y = (models[k]["points"][steps]["bits_per_byte"] for k in (a, b))
-            if x["max"] < y["min"]:
-                calls.append(f"{a} < {b}")
-            elif y["max"] < x["min"]:
-                calls.append(f"{b} < {a}")
-        orderings[steps] = calls
+    calls = {steps: orderings({m: models[m]["points"][steps]["bits_per_byte"]
+                               for m in budget.models}) for steps in map(str, budget.points)}
     return {"budget": budget_name, "size": budget.size, "points": list(budget.points),
             "seeds": budget.seeds, "lrs": list(budget.lrs), "select_steps": budget.select_steps,
             "decay_fraction": budget.decay_fraction, "valid_tokens": budget.valid_tokens,
-            "models": models, "orderings": orderings}
+            "models": models, "orderings": calls}
 
 
 def curve_markdown(summary: dict[str, Any]) -> str:

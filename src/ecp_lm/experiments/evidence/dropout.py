@@ -15,13 +15,13 @@ others get their best dropout. The report says what was found.
 
 from __future__ import annotations
 
-import statistics
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.stats import separated, spread
 from ecp_lm.experiments.study import write_json
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.run.config import RunConfig
@@ -119,11 +119,6 @@ def dropout_job(budget_name: str, arch: str, dropout: float, seed: int, corpus: 
             "gap_at_best": best["gap_bits"], "final_gap": curve[-1]["gap_bits"]}
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "half_range": (max(values) - min(values)) / 2, "n": len(values)}
-
-
 def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
                 progress: bool = False) -> dict[str, Any]:
     """The stage: every (arch, dropout, seed) run, then ``dropout.json`` and ``dropout.md``."""
@@ -148,11 +143,6 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
     write_json(out / "dropout.json", summary)
     write_bytes_atomic(out / "dropout.md", dropout_markdown(summary).encode())
     return summary
-
-
-def separated(a: dict[str, float], b: dict[str, float]) -> int:
-    """-1 if a's range lies below b's, 1 if above, 0 if they overlap."""
-    return -1 if a["max"] < b["min"] else 1 if a["min"] > b["max"] else 0
 
 
 def findings(table: dict[str, Any]) -> list[str]:

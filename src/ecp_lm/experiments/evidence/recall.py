@@ -17,15 +17,14 @@ seeds' ranges do not overlap.
 from __future__ import annotations
 
 import os
-import statistics
 from dataclasses import dataclass, replace
-from itertools import combinations
 from pathlib import Path
 from typing import Any
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, variant
+from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.study import write_json
 
 MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "block_local", "transformer")
@@ -132,11 +131,6 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
     return summary
 
 
-def spread(values: list[float]) -> dict[str, float]:
-    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
-            "half_range": (max(values) - min(values)) / 2, "n": len(values)}
-
-
 def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
               results: dict) -> dict[str, Any]:
     models = {}
@@ -149,20 +143,12 @@ def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
         models[m] = {"lr": lrs[m], "costs": cost, "depths": depths,
                      "trials": {f"{t['lr']:g}": t["accuracy"] for key, t in trials.items()
                                 if t["model"] == m}}
-    orderings = {}
-    for d in map(str, budget.depths):
-        calls = []
-        for a, b in combinations(budget.models, 2):
-            x, y = (models[k]["depths"][d]["accuracy"] for k in (a, b))
-            if x["min"] > y["max"]:
-                calls.append(f"{a} > {b}")
-            elif y["min"] > x["max"]:
-                calls.append(f"{b} > {a}")
-        orderings[d] = calls
+    calls = {d: orderings({m: models[m]["depths"][d]["accuracy"] for m in budget.models},
+                          higher_is_better=True) for d in map(str, budget.depths)}
     return {"budget": budget_name, "mqar": budget.mqar, "steps": budget.steps,
             "select_steps": budget.select_steps, "select_depth": budget.select_depth,
             "lrs": list(budget.lrs), "seeds": budget.seeds, "depths": list(budget.depths),
-            "models": models, "orderings": orderings}
+            "models": models, "orderings": calls}
 
 
 def recall_markdown(summary: dict[str, Any]) -> str:
