@@ -2,7 +2,8 @@
 
 import pytest
 
-from ecp_lm.run.config import RUN_PRESETS, RunConfig, describe_fields
+from ecp_lm.run.config import RUN_PRESETS, RunConfig
+from ecp_lm.run.describe import describe_fields
 
 
 def test_presets_load():

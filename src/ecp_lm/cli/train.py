@@ -28,7 +28,8 @@ def epilog(arguments: list[str]) -> str:
     import shutil
     import textwrap
 
-    from ecp_lm.run.config import config_values, describe_fields, is_override
+    from ecp_lm.run.config import is_override
+    from ecp_lm.run.describe import config_values, describe_fields
 
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--config")

@@ -12,7 +12,6 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -207,7 +206,7 @@ class RunConfig:
                                  f"{section!r}")
         data = {k: dict(v or {}) for k, v in data.items()} if data else {}
         for item in overrides:
-            key, value = _parse_override(item)
+            key, value = parse_override(item)
             section, name = key
             data.setdefault(section, {})[name] = value
         unknown = sorted(set(data) - set(SECTION_TYPES))
@@ -275,7 +274,7 @@ def is_override(item: str) -> bool:
     return bool(sep) and len(parts) == 2 and all(parts)
 
 
-def _parse_override(item: str) -> tuple[tuple[str, str], Any]:
+def parse_override(item: str) -> tuple[tuple[str, str], Any]:
     if not is_override(item):
         raise ValueError(f"override {item!r} is not of the form section.key=value "
                          f"(e.g. model.d_model=128)")
@@ -361,69 +360,3 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                   "eval_max_tokens": 1 << 20},
     },
 }
-
-
-def field_docs(cls: type) -> dict[str, str]:
-    """The docstring under each field of a dataclass (read from its source)."""
-    import ast
-    import inspect
-    import itertools
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
-    body = tree.body[0].body  # type: ignore[attr-defined]
-    docs = {}
-    for node, nxt in itertools.pairwise(body):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
-
-
-def config_values(preset_or_path: str | None = None,
-                  overrides: Sequence[str] = ()) -> dict[str, dict[str, Any]]:
-    """The value of every ``section.key`` as a preset or YAML file sets it, with ``overrides``
-    applied (the defaults where it sets none; None: all defaults). Raw values: a size the
-    architecture derives (``model.latent_len``, ``model.window``, ``model.block_len``, ...)
-    stays null unless set."""
-    values = {section: {f.name: f.default for f in fields(cls)}
-              for section, cls in SECTION_TYPES.items()}
-    data = {} if preset_or_path is None else (
-        RUN_PRESETS[preset_or_path] if preset_or_path in RUN_PRESETS
-        else read_yaml(preset_or_path))
-    for section, items in data.items():
-        values.get(section, {}).update(items or {})
-    for item in overrides:
-        (section, name), value = _parse_override(item)
-        values.get(section, {})[name] = value
-    return values
-
-
-def yaml_scalar(value: Any) -> str:
-    """``value`` as it is typed in YAML or an override: ``null``, ``true``, ``0.001``."""
-    text = yaml.safe_dump(value, default_flow_style=True, width=1 << 16)
-    return text.removesuffix("\n").removesuffix("\n...").strip()
-
-
-def describe_fields(values: dict[str, dict[str, Any]] | None = None, width: int = 100) -> str:
-    """Every ``section.key=value`` (``config_values``; default: the defaults) and its
-    documentation, for ``--help``, wrapped to ``width`` columns."""
-    import textwrap
-
-    values = values or config_values()
-    column = 34  # where the documentation starts
-    lines = []
-    for section, cls in SECTION_TYPES.items():
-        docs = field_docs(cls)
-        for f in fields(cls):
-            key = f"  {section}.{f.name}={yaml_scalar(values[section][f.name])}"
-            doc = docs.get(f.name, "").replace("``", "")
-            wrapped = textwrap.wrap(doc, max(20, width - column),
-                                    break_on_hyphens=False) or [""]
-            if len(key) < column - 1:
-                lines.append(f"{key:<{column}}{wrapped[0]}".rstrip())
-                wrapped = wrapped[1:]
-            else:
-                lines.append(key)
-            lines += [" " * column + part for part in wrapped]
-    return "\n".join(lines)
