@@ -30,7 +30,7 @@ from ecp_lm.bench.core import BenchSpec, time_steps
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
-from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_config
 from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.long_context.measure import context_gain
@@ -176,7 +176,7 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
     seeds = run_jobs([Job(f"curve/{m}/seed{s}", curve_job, (budget_name, m, s, lrs[m],
                                                             str(out)))
                       for m in budget.models for s in range(budget.seeds)], out, jobs,
-                     threads, progress)
+                     threads, progress, check=lambda kept: check_rates(kept, lrs, out))
     summary = summarise(budget_name, budget, trials, lrs, seeds, times)
     summary["valid_coverage"] = valid_coverage(budget)
     write_json(out / "curve.json", summary)

@@ -35,15 +35,20 @@ def _run(job: Job, threads: int | None) -> dict[str, Any]:
 
 
 def run_jobs(jobs: list[Job], out: Path, workers: int = 1, threads: int | None = None,
-             progress: bool = False) -> dict[str, dict[str, Any]]:
+             progress: bool = False,
+             check: Callable[[dict[str, dict[str, Any]]], None] | None = None
+             ) -> dict[str, dict[str, Any]]:
     """Every job's result by name, in the order given: read back where a result exists, else
     run (``workers`` at a time, each on ``threads`` torch threads) and written as it
-    completes."""
+    completes. ``check`` sees the results read back before anything runs (and raises to
+    refuse them)."""
     results: dict[str, dict[str, Any]] = {}
     for job in jobs:
         path = out / job.name / "result.json"
         if path.exists():
             results[job.name] = json.loads(path.read_text())
+    if check is not None:
+        check(results)
     todo = [job for job in jobs if job.name not in results]
     start = time.perf_counter()
 
@@ -66,3 +71,15 @@ def run_jobs(jobs: list[Job], out: Path, workers: int = 1, threads: int | None =
                 for future in finished:
                     finish(running.pop(future), future.result())
     return {job.name: results[job.name] for job in jobs}
+
+
+def check_rates(results: dict[str, dict[str, Any]], rates: dict[str, float], out: Path
+                ) -> None:
+    """ValueError for a kept result trained at another learning rate than its model's chosen
+    one (``rates``, by model): the choice changed since (another grid), and the result would
+    be mixed in silently."""
+    for name, result in results.items():
+        if result["lr"] != rates[result["model"]]:
+            raise ValueError(f"{out / name} was trained at lr {result['lr']:g}, but the rate "
+                             f"chosen for {result['model']} is now {rates[result['model']]:g}: "
+                             f"move it away or use another --out")

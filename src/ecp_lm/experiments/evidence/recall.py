@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, variant
 from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.study import write_json
@@ -124,7 +124,8 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
             for s in range(budget.seeds)]
     results = run_jobs([Job(key, recall_job, (budget_name, m, d, s, lrs[m], budget.steps,
                                               str(out / key)))
-                        for m, d, s, key in runs], out, jobs, threads, progress)
+                        for m, d, s, key in runs], out, jobs, threads, progress,
+                       check=lambda kept: check_rates(kept, lrs, out))
     summary = summarise(budget_name, budget, trials, lrs, results)
     write_json(out / "recall.json", summary)
     write_bytes_atomic(out / "recall.md", recall_markdown(summary).encode())
