@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import time
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -27,6 +28,20 @@ class Job:
     fn: Callable[..., dict[str, Any]]
     """A module-level function (worker processes import it by name)."""
     args: tuple = ()
+
+
+def _follow_parent(parent: int) -> None:
+    """In a worker: exit as soon as the process that started it is gone (killed, even by
+    SIGKILL), so that no orphan goes on training and writing into a stage that a later
+    invocation runs again."""
+    import threading
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.5)
+        os._exit(70)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _run(job: Job, threads: int | None) -> dict[str, Any]:
@@ -64,7 +79,8 @@ def run_jobs(jobs: list[Job], out: Path, workers: int = 1, threads: int | None =
             finish(job, _run(job, threads))
     elif todo:
         context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, mp_context=context) as pool:
+        with ProcessPoolExecutor(workers, mp_context=context, initializer=_follow_parent,
+                                 initargs=(os.getpid(),)) as pool:
             running: dict[Future, Job] = {pool.submit(_run, job, threads): job for job in todo}
             while running:
                 finished, _ = wait(running, return_when=FIRST_COMPLETED)
