@@ -9,6 +9,7 @@ A benchmark case is named by its architecture, or a hybrid by ``hybrid(PATTERN)`
 from __future__ import annotations
 
 import resource
+import statistics
 import time
 from dataclasses import dataclass
 
@@ -18,6 +19,7 @@ from torch.utils._pytree import tree_leaves
 
 from ecp_lm.bench.complexity import hybrid_label
 from ecp_lm.config import HYBRID, ModelConfig, architecture, tile_pattern
+from ecp_lm.model import build_model
 
 
 @dataclass
@@ -167,6 +169,16 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[flo
         if i >= spec.warmup:
             times.append(time.perf_counter() - start)
     return times
+
+
+def step_seconds(cfg: ModelConfig, spec: BenchSpec) -> float:
+    """The median of ``time_steps`` for a fresh ``cfg`` model (seed 0) under AdamW on random
+    windows of ``spec.batch_size`` x N + 1 tokens, on the CPU in float32."""
+    torch.manual_seed(0)
+    model = build_model(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
+    return statistics.median(time_steps(model, optimizer, tokens, spec))
 
 
 def synchronize(device: torch.device) -> None:

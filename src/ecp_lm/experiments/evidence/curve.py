@@ -19,14 +19,11 @@ their ranges do not overlap.
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ecp_lm.bench.core import BenchSpec, time_steps
+from ecp_lm.bench.core import BenchSpec, step_seconds
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
@@ -35,7 +32,6 @@ from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_c
 from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
-from ecp_lm.model import build_model
 from ecp_lm.run.config import RunConfig
 
 MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "transformer", "s2")
@@ -136,12 +132,7 @@ def step_times(budget: CurveBudget, out: Path) -> dict[str, float]:
     spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=1, repeats=3)
     times = {}
     for name in budget.models:
-        cfg = ModelConfig(**model_config(name, budget.size))
-        torch.manual_seed(0)
-        model = build_model(cfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
-        times[name] = statistics.median(time_steps(model, optimizer, tokens, spec))
+        times[name] = step_seconds(ModelConfig(**model_config(name, budget.size)), spec)
     write_json(path, times)
     return times
 

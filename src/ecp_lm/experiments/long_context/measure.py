@@ -9,9 +9,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from ecp_lm.bench.core import BenchSpec, time_steps
+from ecp_lm.bench.core import BenchSpec, step_seconds
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.long_context.budgets import (
     ARCHS,
@@ -21,7 +19,6 @@ from ecp_lm.experiments.long_context.budgets import (
     run_config,
 )
 from ecp_lm.experiments.study import write_json
-from ecp_lm.model import build_model
 from ecp_lm.plot import read_metrics
 
 SENSITIVE_BITS = 0.02
@@ -47,12 +44,7 @@ def measure_throughputs(budget: Budget, out: Path, progress: bool) -> dict[str, 
     speeds = {}
     for arch in ARCHS:
         cfg = run_config(budget, arch, 0).model
-        torch.manual_seed(0)
-        model = build_model(cfg)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
-        step = statistics.median(time_steps(model, optimizer, tokens, spec))
-        speeds[arch] = spec.batch_size * cfg.seq_len / step
+        speeds[arch] = spec.batch_size * cfg.seq_len / step_seconds(cfg, spec)
         if progress:
             print(f"throughput: {arch} {speeds[arch]:,.0f} tokens/s", flush=True)
     write_json(path, speeds)
