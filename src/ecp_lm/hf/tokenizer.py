@@ -40,7 +40,7 @@ class EcpLmTokenizer(PreTrainedTokenizerFast):
         token = self.__dict__.get("_special_tokens_map", {}).get(name)
         if token is not None:
             return self.convert_tokens_to_ids(str(token))
-        return self.__dict__.get("init_kwargs", {}).get("document_start_id")
+        return self.document_start_id
 
     @property
     def document_start_id(self) -> int | None:

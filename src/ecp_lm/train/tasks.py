@@ -17,6 +17,7 @@ from ecp_lm.data.cache import open_run_cache
 from ecp_lm.data.images import PIXEL_DATASETS, PixelSequences, load_pixel_dataset
 from ecp_lm.data.tokenizers import Tokenizer
 from ecp_lm.evaluate.scoring import (
+    ScoredText,
     check_stride,
     classify,
     default_stride,
@@ -84,16 +85,16 @@ class LanguageModelling:
 
     def validate(self, model: nn.Module, dist: Dist,
                  autocast: AbstractContextManager | None) -> dict[str, Any]:
-        nll, count = score_stream(model, self.valid, self.seq_len, self.stride,
-                                  self.eval_batch_size, dist.device, autocast, dist.rank,
-                                  dist.world_size)
-        report = lm_report(nll, count, self.valid_text)
-        out = {k: report[k] for k in ("loss", "bits_per_byte", "ppl_token", "ppl_word")}
-        if self.train_slice is not None:
-            nll, count = score_stream(model, self.train_slice, self.seq_len, self.stride,
+        def score(tokens: np.ndarray, text: ScoredText) -> dict[str, Any]:
+            nll, count = score_stream(model, tokens, self.seq_len, self.stride,
                                       self.eval_batch_size, dist.device, autocast, dist.rank,
                                       dist.world_size)
-            train = lm_report(nll, count, self.train_text)
+            return lm_report(nll, count, text)
+
+        report = score(self.valid, self.valid_text)
+        out = {k: report[k] for k in ("loss", "bits_per_byte", "ppl_token", "ppl_word")}
+        if self.train_slice is not None:
+            train = score(self.train_slice, self.train_text)
             out.update(train_loss=train["loss"], train_bits_per_byte=train["bits_per_byte"])
         return out
 

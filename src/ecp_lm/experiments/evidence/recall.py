@@ -16,7 +16,6 @@ seeds' ranges do not overlap.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -77,21 +76,19 @@ def model_config(budget: RecallBudget, name: str, depth: int) -> ModelConfig:
 def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, steps: int,
                folder: str) -> dict[str, Any]:
     """Train one recall model and score it; its weights go to ``folder/model.safetensors``."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     from ecp_lm.experiments.mqar.budgets import BUDGETS
     from ecp_lm.experiments.mqar.train import train_mqar
+    from ecp_lm.fsutil import write_bytes_atomic
 
     budget = RECALL_BUDGETS[budget_name]
     task = BUDGETS[budget.mqar]
     cfg = model_config(budget, name, depth)
     train = replace(task.train, steps=steps, lr=lr, seed=seed, eval_seed=EVAL_SEED)
     model, result = train_mqar(cfg, task.spec, train, task.segment_len)
-    path = Path(folder) / "model.safetensors"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".model.{os.getpid()}.tmp")
-    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, str(tmp))
-    os.replace(tmp, path)
+    weights = save({k: v.contiguous() for k, v in model.state_dict().items()})
+    write_bytes_atomic(Path(folder) / "model.safetensors", weights)
     return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
             "config": cfg.to_dict(), "accuracy": result["accuracy"], "loss": result["loss"],
             "accuracy_by_offset": result["accuracy_by_offset"], "curve": result["curve"],

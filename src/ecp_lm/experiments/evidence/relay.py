@@ -27,7 +27,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ecp_lm.experiments.evidence.stats import spread
 from ecp_lm.experiments.mqar.task import MQARBatch
+from ecp_lm.experiments.mqar.train import segment_offset
 from ecp_lm.model import LanguageModel
 
 BINDING_PAIRS = 3
@@ -90,10 +92,11 @@ def intervene(model: LanguageModel, batch: MQARBatch, donor: MQARBatch, segment_
     model.eval()
     rows = torch.arange(batch.tokens.size(0))
     clean = model(batch.tokens).argmax(-1)
+    offsets = segment_offset(batch, segment_len)  # (B, Q)
     out: dict[int, dict[str, list[bool]]] = {}
     for q in range(batch.query_pos.size(1)):
         pos, answer = batch.query_pos[:, q], batch.values[:, q]
-        offset = batch.query_pos[:, q] // segment_len - (batch.key_pos[:, q] + 1) // segment_len
+        offset = offsets[:, q]
         path, control = segment_masks(batch, segment_len, q)
         hit_clean = clean[rows, pos] == answer
         hit_path = patched_logits(model, batch.tokens, donor.tokens, path).argmax(-1)[
@@ -223,9 +226,7 @@ def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
                                  "control_queries": seeds[0][offset]["control_queries"]}
                 for key in ("clean", "path_replaced", "control_clean", "control_replaced"):
                     values = [s[offset][key] for s in seeds if s[offset][key] is not None]
-                    cells[offset][key] = ({"mean": statistics.fmean(values),
-                                           "half_range": (max(values) - min(values)) / 2}
-                                          if values else None)
+                    cells[offset][key] = spread(values) if values else None
             table[f"{name}/L{depth}"] = {
                 "model": name, "depth": depth, "offsets": cells,
                 "binding": [[statistics.fmean(seed[layer][a] for seed in binding)
