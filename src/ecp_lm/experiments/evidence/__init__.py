@@ -51,9 +51,10 @@ def main(argv: list[str] | None = None) -> int:
                              "first); dropout: the overfitting regime; hybrid: ECP as the "
                              "local layer of a hybrid")
     parser.add_argument("--budget", choices=BUDGETS, default="small",
-                        help="tiny: a few minutes, every code path (CI); small: sized for "
-                             "under 3 hours on a 2-core CPU; full: the study's size (the curve "
-                             "to 2,400 steps, recall to 9,600), many hours, resumable")
+                        help="tiny: a few minutes, every code path (CI); small: a preview at "
+                             "the study's sizes, each stage under an hour on a 2-core CPU; "
+                             "full: the study's budgets (the curve to 1,200 steps, recall to "
+                             "9,600), many hours, resumable")
     parser.add_argument("--out", default="runs/evidence", help="stage folder (resumable)")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1)")

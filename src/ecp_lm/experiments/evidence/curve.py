@@ -59,22 +59,26 @@ CURVE_BUDGETS = {
         train=dict(batch_size=2, warmup_steps=1, eval_every=4, checkpoint_every=2,
                    log_every=1, eval_max_tokens=2048, min_lr_ratio=0.0, logger="none"),
         points=(4, 8), select_steps=4, lrs=(1e-3, 4e-3), valid_tokens=2048),
+    # small: a preview of every path at the study's size (batch 2, two points); about 40 min.
     "small": CurveBudget(
         size=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
-        train=dict(batch_size=4, warmup_steps=30, eval_every=150, checkpoint_every=30,
-                   log_every=25, eval_max_tokens=131072, min_lr_ratio=0.0),
-        points=(150, 300), select_steps=150, valid_tokens=131072),
+        train=dict(batch_size=2, warmup_steps=20, eval_every=100, checkpoint_every=20,
+                   log_every=25, eval_max_tokens=65536, min_lr_ratio=0.0),
+        points=(100, 200), select_steps=100, valid_tokens=65536),
+    # full: cut from 2,400 to 1,200 steps to fit the 2-core CPU (README, "Evidence III").
     "full": CurveBudget(
         size=dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8),
         train=dict(batch_size=4, warmup_steps=60, eval_every=300, checkpoint_every=60,
                    log_every=25, eval_max_tokens=262144, min_lr_ratio=0.0),
-        points=(300, 600, 1200, 2400), select_steps=300, valid_tokens=None),
+        points=(300, 600, 1200), select_steps=300, valid_tokens=None),
 }
 # ECP as the local layer of a hybrid (three local layers, one global) on the same curve; the
 # transformer's points are the curve stage's (the same runs).
-# (At least 4 layers: one whole unit, its global layer included.)
+# (At least 4 layers: one whole unit, its global layer included.) At full the hybrids' curve
+# ends at 600 steps, to fit the 2-core CPU.
 CURVE_BUDGETS.update({f"hybrid-{name}": replace(
-    budget, models=HYBRIDS, size={**budget.size, "n_layers": max(4, budget.size["n_layers"])})
+    budget, models=HYBRIDS, size={**budget.size, "n_layers": max(4, budget.size["n_layers"])},
+    points=budget.points[:2] if name == "full" else budget.points)
     for name, budget in list(CURVE_BUDGETS.items())})
 
 

@@ -52,7 +52,7 @@ RECALL_BUDGETS = {
     "tiny": RecallBudget(mqar="tiny", depths=(2, 4), steps=40, select_steps=20, select_depth=4,
                          lrs=(1e-3, 3e-3), relay_sequences=32),
     # 3e-4 and 1e-4 joined the grid when ecp chose its lowest rate at full (1e-3, then 3e-4).
-    "small": RecallBudget(mqar="small", depths=(2, 4, 6), steps=1200, select_steps=600,
+    "small": RecallBudget(mqar="small", depths=(2, 4, 6), steps=800, select_steps=400,
                           select_depth=4, lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2)),
     "full": RecallBudget(mqar="small", depths=(2, 4, 6), steps=9600, select_steps=2400,
                          select_depth=4, lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2)),
