@@ -24,7 +24,8 @@ many hours, across as many invocations as it takes):
   transformer) and on the curve (against the curve stage's transformer), seeds as above.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
-in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``.
+in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``; ``--plan`` (the
+training steps and the hours they take here, before anything runs) in ``plan.py``.
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads per run (default: the cores divided by --jobs)")
     parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--plan", action="store_true",
+                        help="run nothing: time one training step of each model here and "
+                             "print the stage's training steps and the hours they take at "
+                             "--jobs")
     args = parser.parse_args(argv)
     for name in ("jobs", "threads"):
         value = getattr(args, name)
@@ -68,6 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} {value} must be positive")
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
                                else None)
+    if args.plan:
+        from ecp_lm.experiments.evidence.plan import plan, plan_markdown
+
+        print(plan_markdown(plan(args.stage, args.budget, args.jobs, threads)), end="")
+        return 0
     out = output_folder(args.out, "evidence") / args.stage / args.budget
     if args.stage == "curve":
         summary = curve.run_curve(args.budget, out, args.jobs, threads, not args.quiet)

@@ -1,0 +1,111 @@
+"""How long a stage's budget takes on this machine, before it runs (``--plan``).
+
+A stage's work is its training steps: for each model, the learning-rate trials and the seeds'
+runs (on the curve, one stable run per seed plus its decay branches). One training step of each
+model at the stage's size and batch is timed here (``bench.core.step_seconds``), and the plan is
+the steps times the step time, spread over ``--jobs`` runs at once. Evaluation is not counted;
+the report says how long a stage really took.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ecp_lm.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class Work:
+    model: str
+    cfg: ModelConfig
+    batch_size: int
+    steps: int
+    """Training steps of this model in the stage, its trials and every seed together."""
+
+
+def curve_work(budget_name: str) -> list[Work]:
+    from ecp_lm.experiments.evidence.anneal import decay_steps
+    from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS
+    from ecp_lm.experiments.evidence.models import model_config
+
+    b = CURVE_BUDGETS[budget_name]
+    last = max(b.points)
+    per_seed = last - decay_steps(last, b.decay_fraction) + sum(
+        decay_steps(p, b.decay_fraction) for p in b.points)
+    steps = len(b.lrs) * b.select_steps + b.seeds * per_seed
+    return [Work(m, ModelConfig(**model_config(m, b.size)), b.train["batch_size"], steps)
+            for m in b.models]
+
+
+def recall_work(budget_name: str) -> list[Work]:
+    from ecp_lm.experiments.evidence.recall import RECALL_BUDGETS, model_config
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+
+    b = RECALL_BUDGETS[budget_name]
+    batch = BUDGETS[b.mqar].train.batch_size
+    out = []
+    for m in b.models:
+        for depth in sorted({*b.depths, b.select_depth}):
+            steps = b.seeds * b.steps * (depth in b.depths) + \
+                len(b.lrs) * b.select_steps * (depth == b.select_depth)
+            out.append(Work(f"{m} L{depth}", model_config(b, m, depth), batch, steps))
+    return out
+
+
+def dropout_work(budget_name: str) -> list[Work]:
+    from ecp_lm.experiments.evidence.dropout import (
+        ARCHS,
+        DROPOUT_BUDGETS,
+        DROPOUTS,
+        steps_per_epoch,
+    )
+
+    b = DROPOUT_BUDGETS[budget_name]
+    steps = len(DROPOUTS) * b.seeds * b.epochs * steps_per_epoch(b)
+    return [Work(arch, ModelConfig(vocab_size=256, **b.size, arch=arch), b.batch_size, steps)
+            for arch in ARCHS]
+
+
+def stage_work(stage: str, budget_name: str) -> list[Work]:
+    """The training of ``stage`` at ``budget_name``; relay trains nothing."""
+    if stage == "curve":
+        return curve_work(budget_name)
+    if stage == "recall":
+        return recall_work(budget_name)
+    if stage == "dropout":
+        return dropout_work(budget_name)
+    if stage == "hybrid":
+        return recall_work(f"hybrid-{budget_name}") + curve_work(f"hybrid-{budget_name}")
+    return []
+
+
+def plan(stage: str, budget_name: str, jobs: int, threads: int | None) -> dict[str, Any]:
+    """Each model's steps and measured step time, and the stage's hours at ``jobs`` at once."""
+    from ecp_lm.bench.core import BenchSpec, step_seconds
+    from ecp_lm.runtime import torch_threads
+
+    rows, times = [], {}
+    with torch_threads(threads):
+        for work in stage_work(stage, budget_name):
+            key = (repr(work.cfg.to_dict()), work.batch_size)
+            if key not in times:
+                times[key] = step_seconds(work.cfg, BenchSpec(batch_size=work.batch_size,
+                                                              warmup=1, repeats=2))
+            rows.append({"model": work.model, "steps": work.steps, "step_s": times[key],
+                         "hours": work.steps * times[key] / 3600})
+    return {"stage": stage, "budget": budget_name, "jobs": jobs, "threads": threads,
+            "rows": rows, "hours": sum(r["hours"] for r in rows) / jobs}
+
+
+def plan_markdown(p: dict[str, Any]) -> str:
+    threads = ("torch's default threads" if p["threads"] is None else
+               f"{p['threads']} thread" + "s" * (p["threads"] != 1))
+    lines = [f"Plan of `--stage {p['stage']} --budget {p['budget']}`: training steps only "
+             f"(evaluation not counted), one step of each model timed here with {threads}.", "",
+             "| model | steps | s per step | hours (one job) |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['steps']:,} | {r['step_s']:.3f} | {r['hours']:.2f} |"
+              for r in p["rows"]]
+    lines += ["", f"About {p['hours']:.1f} hours at {p['jobs']} job(s) at once."]
+    return "\n".join(lines) + "\n"
