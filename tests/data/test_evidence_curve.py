@@ -62,6 +62,7 @@ def test_tiny_curve_runs_every_step_and_resumes(tmp_path, monkeypatch, capsys):
             assert pa["max"] < pb["min"]
     text = (out / "curve.md").read_text()
     assert "| sliding_window_tiles |" in text and "Orderings called" in text
+    assert "At equal training time" in text and isinstance(summary["equal_time"], list)
     capsys.readouterr()
 
     def no_training(*args, **kwargs):

@@ -65,3 +65,20 @@ def test_orderings_only_where_ranges_separate():
     assert orderings(ranges, higher_is_better=True) == ["b > a"]
     assert spread([1.0, 2.0, 4.0]) == {"mean": 7 / 3, "min": 1.0, "max": 4.0,
                                        "half_range": 1.5, "n": 3}
+
+
+def test_equal_time_calls_only_where_a_faster_point_lies_below():
+    from ecp_lm.experiments.evidence.stats import equal_time_calls, spread
+
+    # a: 1 s a step; b: 2 s. a's 200 steps (200 s) against b's 100 (200 s): a below, a call.
+    # b never gets a point of no more time below one of a's.
+    curves = {"a": {100: spread([1.0, 1.1]), 200: spread([0.8, 0.85])},
+              "b": {100: spread([0.9, 0.95]), 200: spread([0.7, 0.75])}}
+    assert equal_time_calls(curves, {"a": 1.0, "b": 2.0}) == [
+        "a < b (a at 200 steps, 200 s; b at 100, 200 s)"]
+    # At equal step times the same curves call b first: b's 100 steps lie below a's 100.
+    assert equal_time_calls(curves, {"a": 1.0, "b": 1.0}) == [
+        "b < a (b at 100 steps, 100 s; a at 100, 100 s)"]
+    # Overlapping ranges call nothing.
+    close = {"a": {100: spread([1.0, 1.2])}, "b": {100: spread([1.1, 1.3])}}
+    assert equal_time_calls(close, {"a": 1.0, "b": 9.0}) == []

@@ -29,7 +29,7 @@ from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
 from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_config
-from ecp_lm.experiments.evidence.stats import orderings, spread
+from ecp_lm.experiments.evidence.stats import equal_time_calls, orderings, spread
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
 from ecp_lm.run.config import RunConfig
@@ -198,10 +198,13 @@ def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, se
                      "step_s": times[m], "points": points}
     calls = {steps: orderings({m: models[m]["points"][steps]["bits_per_byte"]
                                for m in budget.models}) for steps in map(str, budget.points)}
+    timed = equal_time_calls({m: {p: models[m]["points"][str(p)]["bits_per_byte"]
+                                  for p in budget.points} for m in budget.models},
+                             {m: times[m] for m in budget.models})
     return {"budget": budget_name, "size": budget.size, "points": list(budget.points),
             "seeds": budget.seeds, "lrs": list(budget.lrs), "select_steps": budget.select_steps,
             "decay_fraction": budget.decay_fraction, "valid_tokens": budget.valid_tokens,
-            "models": models, "orderings": calls}
+            "models": models, "orderings": calls, "equal_time": timed}
 
 
 def curve_markdown(summary: dict[str, Any]) -> str:
@@ -247,4 +250,8 @@ def curve_markdown(summary: dict[str, Any]) -> str:
               "not listed is not separated):", ""]
     for steps, calls in summary["orderings"].items():
         lines.append(f"- {steps} steps: {', '.join(calls) if calls else 'none'}")
+    lines += ["", "At equal training time on this machine (a point of the first model that took "
+              "no longer, by the step times above, lies below a point of the second, ranges "
+              "separated; budgets between the points are not measured):", ""]
+    lines += [f"- {call}" for call in summary["equal_time"]] or ["- none"]
     return "\n".join(lines) + "\n"

@@ -29,3 +29,24 @@ def orderings(ranges: dict[str, dict[str, float]], higher_is_better: bool = Fals
             better, worse = (a, b) if side < 0 else (b, a)
             calls.append(f"{better} {sign} {worse}")
     return calls
+
+
+def equal_time_calls(curves: dict[str, dict[int, dict[str, float]]],
+                     step_s: dict[str, float]) -> list[str]:
+    """Orderings at equal training time from curves measured at a few budgets (lower is
+    better): ``a`` beats ``b`` where some point of ``a`` that took no longer than some point of
+    ``b`` (steps times the measured step time) lies below it, ranges separated. Budgets between
+    the points are not measured, so a pair with no such bracket is not called."""
+    calls = []
+    for a in curves:
+        for b in curves:
+            if a == b:
+                continue
+            for pa, ra in sorted(curves[a].items()):
+                hits = [pb for pb, rb in sorted(curves[b].items())
+                        if pa * step_s[a] <= pb * step_s[b] and separated(ra, rb) < 0]
+                if hits:
+                    calls.append(f"{a} < {b} ({a} at {pa} steps, {pa * step_s[a]:.0f} s; "
+                                 f"{b} at {hits[0]}, {hits[0] * step_s[b]:.0f} s)")
+                    break
+    return calls
