@@ -15,12 +15,15 @@ others get their best dropout. The report says what was found.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 from typing import Any
 
+from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
+from ecp_lm.experiments.evidence.models import costs
 from ecp_lm.experiments.evidence.stats import separated, spread
 from ecp_lm.experiments.study import write_json
 from ecp_lm.fsutil import write_bytes_atomic
@@ -137,14 +140,27 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
         table[f"{arch}/{dropout:g}"] = {
             "arch": arch, "dropout": dropout,
             **{k: spread([r[k] for r in runs])
-               for k in ("best_valid_bits", "gap_at_best", "final_gap", "best_epoch")}}
+               for k in ("best_valid_bits", "gap_at_best", "final_gap", "best_epoch")},
+            "step_s": statistics.median(
+                step_seconds(out / names[arch, dropout, s] / "run", budget)
+                for s in range(budget.seeds))}
     summary = {"budget": budget_name, "size": budget.size, "epochs": budget.epochs,
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,
+               "costs": {arch: costs(ModelConfig(vocab_size=256, **budget.size, arch=arch))
+                         for arch in ARCHS},
                "table": table, "findings": findings(table)}
     write_json(out / "dropout.json", summary)
     write_bytes_atomic(out / "dropout.md", dropout_markdown(summary).encode())
     return summary
+
+
+def step_seconds(run: Path, budget: DropoutBudget) -> float:
+    """A run's median seconds per training step, from the throughput its log records."""
+    from ecp_lm.plot import read_metrics
+
+    tokens = budget.batch_size * budget.size["seq_len"]
+    return statistics.median(tokens / r["tokens_per_s"] for r in read_metrics(run)["train"])
 
 
 def findings(table: dict[str, Any]) -> list[str]:
@@ -176,11 +192,19 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
              f"{size['seq_len']}, d_model {size['d_model']}, {size['n_layers']} layers; "
              f"{summary['seeds']} seeds per cell, mean ± half the range. Gap: validation minus "
              "training bits/byte, both scored in eval mode by the same protocol.", "",
-             "| arch | dropout | best valid bits/byte | its epoch | gap at best | final gap |",
-             "|---|---|---|---|---|---|"]
+             "Attention cost over full attention's: exact entries, the research's tiles, the "
+             "tiles a block-sparse kernel visits at block 128. Step s: the median training step "
+             "of the cell's runs, two running side by side on one thread each.", "",
+             "| arch | entries | research tiles | kernel tiles |", "|---|---|---|---|"]
+    for arch, c in summary["costs"].items():
+        kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"
+        lines.append(f"| {arch} | {c['entries']:.3f} | {c['research_tiles']:.3f} | {kernel} |")
+    lines += ["", "| arch | dropout | step s | best valid bits/byte | its epoch | gap at best | "
+              "final gap |", "|---|---|---|---|---|---|---|"]
     for row in summary["table"].values():
         cells = [f"{row[k]['mean']:.4f} ± {row[k]['half_range']:.4f}"
                  for k in ("best_valid_bits", "best_epoch", "gap_at_best", "final_gap")]
-        lines.append(f"| {row['arch']} | {row['dropout']:g} | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['arch']} | {row['dropout']:g} | {row['step_s']:.3f} | "
+                     + " | ".join(cells) + " |")
     lines += ["", "Findings:", ""] + [f"- {f}" for f in summary["findings"]]
     return "\n".join(lines) + "\n"

@@ -16,6 +16,7 @@ seeds' ranges do not overlap.
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -136,8 +137,10 @@ def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
     for m in budget.models:
         depths = {}
         for d in budget.depths:
-            acc = [results[f"runs/{m}/L{d}/seed{s}"]["accuracy"] for s in range(budget.seeds)]
-            depths[str(d)] = {"accuracy": spread(acc), "per_seed": acc}
+            runs = [results[f"runs/{m}/L{d}/seed{s}"] for s in range(budget.seeds)]
+            acc = [r["accuracy"] for r in runs]
+            depths[str(d)] = {"accuracy": spread(acc), "per_seed": acc,
+                              "step_s": statistics.median(r["s_per_step"] for r in runs)}
         cost = costs(model_config(budget, m, budget.select_depth))
         models[m] = {"lr": lrs[m], "costs": cost, "depths": depths,
                      "trials": {f"{t['lr']:g}": t["accuracy"] for key, t in trials.items()
@@ -161,16 +164,21 @@ def recall_markdown(summary: dict[str, Any]) -> str:
              "0). Final held-out accuracy, mean ± half the range over the seeds; every seed is "
              "scored on the same held-out sequences. Attention cost over full attention's: "
              "exact entries, the research's tiles, the tiles of a block-sparse kernel at block "
-             "128 (- where N is below one block).", "",
+             "128 (- where N is below one block). Step s: the median training step of the "
+             "seeds' runs, two running side by side on one thread each.", "",
              "| model | lr | entries | research tiles | kernel tiles | " + " | ".join(
-                 f"L = {d}" for d in depths) + " |", "|---" * (5 + len(depths)) + "|"]
+                 f"L = {d}" for d in depths) + " | " + " | ".join(
+                 f"step s, L = {d}" for d in depths) + " |",
+             "|---" * (5 + 2 * len(depths)) + "|"]
     for name, r in summary["models"].items():
         c = r["costs"]
         kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"
         cells = [f"{r['depths'][str(d)]['accuracy']['mean']:.3f} ± "
                  f"{r['depths'][str(d)]['accuracy']['half_range']:.3f}" for d in depths]
+        times = [f"{r['depths'][str(d)]['step_s']:.3f}" for d in depths]
         lines.append(f"| {name} | {r['lr']:g} | {c['entries']:.3f} | "
-                     f"{c['research_tiles']:.3f} | {kernel} | " + " | ".join(cells) + " |")
+                     f"{c['research_tiles']:.3f} | {kernel} | " + " | ".join(cells + times)
+                     + " |")
     lines += ["", "Orderings called (the seeds' ranges of accuracy do not overlap; any pair not "
               "listed is not separated):", ""]
     for d, calls in summary["orderings"].items():
