@@ -84,6 +84,124 @@ def window_tile_range() -> str:
     return f"{min(ratios):.2f}–{max(ratios):.2f}× ECP\n({ratios[1]:.2f}× at 2048)"
 
 
+SMALL = "docs/evidence/small"
+"""Evidence III's small-budget reports, as the stages wrote them."""
+
+
+def mean_h(cell: dict) -> str:
+    return f"{cell['mean']:.3f} ± {cell['half_range']:.3f}"
+
+
+def recall_cell(model: str, depth: int) -> str:
+    return mean_h(report(f"{SMALL}/recall.json")["models"][model]["depths"][str(depth)]
+                  ["accuracy"])
+
+
+def recall_costs() -> str:
+    """The recall windows' costs against ECP's: the entry-matched one in tiles, the
+    tile-matched one in entries."""
+    models = report(f"{SMALL}/recall.json")["models"]
+    ecp, window, tiles = (models[m]["costs"] for m in ("ecp", "sliding_window",
+                                                       "sliding_window_tiles"))
+    return (f"matched in entries (w = {window['window']}, "
+            f"{window['research_tiles'] / ecp['research_tiles']:.2f}× ECP's cost in tiles) the "
+            f"window is at least as good as ECP and better at L = 6; matched in tiles (w = m = "
+            f"{tiles['window']}, the same tiles as ECP, {tiles['entries'] / ecp['entries']:.2f}× "
+            "its entries)")
+
+
+FULL_PLAN_ROWS = {"curve": "curve (to 1,200 steps)", "recall": "recall (9,600 steps)",
+                  "dropout": "dropout (10 epochs of 1 MB)",
+                  "hybrid": "hybrid (recall at L = 4 and 8; the curve to 600)"}
+
+
+def full_steps(stage: str) -> int:
+    """The training steps of a stage's full budget, every model's together (``--plan``)."""
+    from ecp_lm.experiments.evidence.plan import stage_work
+
+    return sum(w.steps for w in stage_work(stage, "full"))
+
+
+def curve_model(model: str) -> dict:
+    return report(f"{SMALL}/curve.json")["models"][model]
+
+
+def curve_cell(model: str, steps: int) -> str:
+    cell = curve_model(model)["points"][str(steps)]["bits_per_byte"]
+    return f"{cell['mean']:.4f} ± {cell['half_range']:.4f}"
+
+
+def dropout_cell(cell: str, key: str) -> dict:
+    return report(f"{SMALL}/dropout.json")["table"][cell][key]
+
+
+def dropout_costs(arch: str) -> dict:
+    return report(f"{SMALL}/dropout.json")["costs"][arch]
+
+
+def dropout_gaps() -> str:
+    """The dropout-0 gaps and best validation scores, with the seeds' verdicts."""
+    from ecp_lm.experiments.evidence.stats import separated
+
+    def cell(arch, key):
+        c = dropout_cell(f"{arch}/0", key)
+        return f"{c['mean']:.4f} ± {c['half_range']:.4f}"
+
+    def verdict(arch, key):
+        side = separated(dropout_cell("ecp/0", key), dropout_cell(f"{arch}/0", key))
+        return "separated" if side else "not separated"
+
+    return (f"ECP's final gap is {cell('ecp', 'final_gap')} bits/byte, larger than the "
+            f"transformer's ({cell('transformer', 'final_gap')}, ranges "
+            f"{verdict('transformer', 'final_gap')}) and level with the sliding window's "
+            f"({cell('sliding_window', 'final_gap')}, {verdict('sliding_window', 'final_gap')})"
+            f". ECP's larger gap comes with the better fit: at dropout 0 it reaches "
+            f"{cell('ecp', 'best_valid_bits')} validation bits/byte against the transformer's "
+            f"{cell('transformer', 'best_valid_bits')} "
+            f"({verdict('transformer', 'best_valid_bits')}) and the sliding window's "
+            f"{cell('sliding_window', 'best_valid_bits')} "
+            f"({verdict('sliding_window', 'best_valid_bits')})")
+
+
+def dropout_regime() -> str:
+    """Said only while it holds: every run's best epoch is its last, every best at dropout 0."""
+    summary = report(f"{SMALL}/dropout.json")
+    last = all(row["best_epoch"]["min"] == summary["epochs"] for row in summary["table"].values())
+    zero = all(summary["table"][f"{a}/0"]["best_valid_bits"]["mean"] ==
+               min(row["best_valid_bits"]["mean"] for row in summary["table"].values()
+                   if row["arch"] == a) for a in ("ecp", "sliding_window", "transformer"))
+    ecp = dropout_cell("ecp/0.2", "best_valid_bits")
+    return ("every run's best validation score is at its last epoch" if last else "not last") + (
+        ", so no model has started to overfit, and dropout only slows them all (every model's "
+        f"best is at dropout 0, e.g. ECP {ecp['mean']:.4f} ± {ecp['half_range']:.4f} at 0.2)"
+        if zero else "not zero")
+
+
+def span(values) -> str:
+    values = list(values)
+    return f"{min(values):.3f}–{max(values):.3f}"
+
+
+def relay(model: str, key: str, depths=(4, 6)) -> str:
+    """The range over depths and value-to-query offsets of one relay measure's seed means;
+    ``drop`` and ``control_drop``: clean minus replaced."""
+    table = report(f"{SMALL}/relay.json")["table"]
+    cells = [c for d in depths for c in table[f"{model}/L{d}"]["offsets"].values()]
+    if key == "drop":
+        return span(c["clean"]["mean"] - c["path_replaced"]["mean"] for c in cells)
+    if key == "control_drop":
+        return span(c["control_clean"]["mean"] - c["control_replaced"]["mean"] for c in cells)
+    return span(c[key]["mean"] for c in cells)
+
+
+def binding(model: str) -> str:
+    """The best binding-probe cell of ``model`` over its depths, layers and segments."""
+    table = report(f"{SMALL}/relay.json")["table"]
+    best = max(v for row in table.values() if row["model"] == model
+               for layer in row["binding"] for v in layer)
+    return f"{best:.3f}"
+
+
 QUOTES = {
     "README: the window in tiles across N": (README, lambda: (
         f"key blocks, what a block-sparse kernel with blocks of the segment pays) it costs "
@@ -105,10 +223,90 @@ QUOTES = {
         f"{cost('transformer')},")),
     "results.md: the window in tiles": (RESULTS, lambda: (
         f"counted in tiles, {tile_ratio_window_to_ecp()}× ECP's")),
+    "results.md: recall, small": (RESULTS, lambda: (
+        f"At L = 6 the entry-matched window ({recall_cell('sliding_window', 6)}) is ahead of "
+        f"ECP ({recall_cell('ecp', 6)}), and ECP of the tile-matched window "
+        f"({recall_cell('sliding_window_tiles', 6)}) and of block_local "
+        f"({recall_cell('block_local', 6)}); at L = 2 and 4 ECP's seeds spread too widely "
+        f"({recall_cell('ecp', 4)} at L = 4) to separate it from either window. The "
+        f"transformer is ahead of every local model at every depth "
+        f"({recall_cell('transformer', 4)} at L = 4).")),
+    "results.md: recall windows' costs": (RESULTS, lambda: recall_costs()),
+    "results.md: recall, ECP's rate trials": (RESULTS, lambda: (
+        "ECP's trials spread from {:.3f} to {:.3f}".format(*sorted(
+            report(f"{SMALL}/recall.json")["models"]["ecp"]["trials"].values())[::4]))),
+    **{f"README: full plan of {stage}": (README, lambda stage=stage, label=label: (
+        f"| {label} | {full_steps(stage):,} |")) for stage, label in FULL_PLAN_ROWS.items()},
+    "README: recall, small": (README, lambda: (
+        f"({recall_cell('transformer', 4)} at L = 4). At L = 6 the entry-matched window "
+        f"({recall_cell('sliding_window', 6)}) is ahead of ECP ({recall_cell('ecp', 6)})")),
+    "README: dropout, small": (README, lambda: (
+        "larger than the transformer's ({} against {} bits/byte)".format(*(
+            f"{c['mean']:.4f} ± {c['half_range']:.4f}" for c in (
+                dropout_cell("ecp/0", "final_gap"), dropout_cell("transformer/0", "final_gap")))
+        ))),
+    "results.md: curve, windows": (RESULTS, lambda: (
+        f"({curve_cell('ecp', 200)} against {curve_cell('sliding_window', 200)} at 200 steps) "
+        f"nor from the tile-matched one ({curve_cell('sliding_window_tiles', 200)})")),
+    "results.md: curve, transformer": (RESULTS, lambda: (
+        f"({curve_cell('ecp', 200)} against {curve_cell('transformer', 200)} at 200 steps), "
+        "and its step takes {:.2f} of the transformer's here".format(
+            curve_model("ecp")["step_s"] / curve_model("transformer")["step_s"]))),
+    "results.md: curve, transformer's gain": (RESULTS, lambda: (
+        "(−{:.4f} ± {:.4f} bits/byte at 200 steps)".format(
+            -curve_model("transformer")["points"]["200"]["context_gain_bits"]["mean"],
+            curve_model("transformer")["points"]["200"]["context_gain_bits"]["half_range"]))),
+    "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
+    "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
+        f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
+    "results.md: dropout gaps": (RESULTS, lambda: dropout_gaps()),
+    "results.md: dropout, not yet overfitting": (RESULTS, lambda: dropout_regime()),
+    "results.md: dropout, kernel tiles": (RESULTS, lambda: (
+        "at N = 256 a block-sparse kernel with blocks of 128 visits {kernel_tiles:.3f} of the "
+        "tiles for all three models".format(**dropout_costs("ecp")) if len({
+            dropout_costs(a)["kernel_tiles"] for a in ("ecp", "sliding_window",
+                                                       "transformer")}) == 1 else "differ")),
+    "results.md: relay, small": (RESULTS, lambda: (
+        f"the answer drops to chance when the path is replaced ({relay('ecp', 'path_replaced')} "
+        f"across value-to-query offsets of 2–4 segments; chance 0.062), from "
+        f"{relay('ecp', 'clean')} clean, while the control leaves it at "
+        f"{relay('ecp', 'control_replaced')}: the answer takes the segments between, and the "
+        f"drop is the path's, not the damage's. The sliding window behaves the same "
+        f"({relay('sliding_window', 'path_replaced')} against "
+        f"{relay('sliding_window', 'control_replaced')} for the control).")),
+    "results.md: relay, transformer": (RESULTS, lambda: (
+        f"replacing the path costs it {relay('transformer', 'drop', (2, 4, 6))}, less than the "
+        f"control's {relay('transformer', 'control_drop', (2, 4, 6))}")),
+    "results.md: binding, small": (RESULTS, lambda: (
+        f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
+        f"({binding('sliding_window')}) and half as well as the transformer "
+        f"({binding('transformer')})")),
 }
 
 
 @pytest.mark.parametrize("name", list(QUOTES))
 def test_quote_matches_its_report(name):
     path, render = QUOTES[name]
-    assert render() in path.read_text(), f"{path.name} no longer quotes {render()!r}"
+    quote, text = (" ".join(t.split()) for t in (render(), path.read_text()))  # line breaks
+    assert quote in text, f"{path.name} no longer quotes {quote!r}"
+
+
+STAGE_TABLES = {"recall": "ecp_lm.experiments.evidence.recall:recall_markdown",
+                "dropout": "ecp_lm.experiments.evidence.dropout:dropout_markdown",
+                "curve": "ecp_lm.experiments.evidence.curve:curve_markdown"}
+
+
+@pytest.mark.parametrize("stage", list(STAGE_TABLES))
+def test_small_tables_are_the_stages_own(stage):
+    """results.md's tables of an Evidence III stage are the ones its markdown renders from its
+    JSON, row for row, and its report file in docs/ is that rendering."""
+    import importlib
+
+    module, name = STAGE_TABLES[stage].split(":")
+    rendered = getattr(importlib.import_module(module), name)(report(f"{SMALL}/{stage}.json"))
+    assert (ROOT / SMALL / f"{stage}.md").read_text() == rendered
+    rows = [line for line in rendered.splitlines() if line.startswith("| ")]
+    text = RESULTS.read_text().splitlines()
+    missing = [row for row in rows if row not in text]
+    assert rows and not missing, f"results.md lacks {missing[:2]}"
+

@@ -3,9 +3,10 @@
     python -m ecp_lm.experiments.evidence --stage curve --budget tiny|small|full --out DIR
 
 Stages (each resumable: a stage that is stopped, or killed, resumes where it stopped;
-``--budget tiny`` runs in CI; ``small`` is sized, from step times measured elsewhere, to take
-under 3 hours on a 2-core CPU (not yet timed end to end); ``full``, the study's size, runs for
-many hours, across as many invocations as it takes):
+``--budget tiny`` runs in CI; ``small`` is a preview at the study's model sizes with short
+budgets, each stage in about an hour or less on a 2-core CPU (the README gives the times);
+``full``, the study's budgets, runs for many hours, across as many invocations as it takes;
+``--plan`` says how many before anything runs):
 
 - ``curve`` (``curve.py``): the language scaling curve on sympy-code at N = 2048, d_model 128,
   4 layers: ecp, the sliding window matched to ECP in entries and in tiles, the transformer
