@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
                              "local layer of a hybrid")
     parser.add_argument("--budget", choices=BUDGETS, default="small",
                         help="tiny: a few minutes, every code path (CI); small: a preview at "
-                             "the study's sizes, each stage under an hour on a 2-core CPU; "
+                             "the study's sizes, each stage about an hour or less on a 2-core CPU; "
                              "full: the study's budgets (the curve to 1,200 steps, recall to "
                              "9,600), many hours, resumable")
     parser.add_argument("--out", default="runs/evidence", help="stage folder (resumable)")
