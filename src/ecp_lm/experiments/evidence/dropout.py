@@ -156,11 +156,10 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
 
 
 def step_seconds(run: Path, budget: DropoutBudget) -> float:
-    """A run's median seconds per training step, from the throughput its log records."""
-    from ecp_lm.plot import read_metrics
+    """A run's seconds per training step, from the median throughput its log records."""
+    from ecp_lm.experiments.long_context.measure import train_tokens_per_s
 
-    tokens = budget.batch_size * budget.size["seq_len"]
-    return statistics.median(tokens / r["tokens_per_s"] for r in read_metrics(run)["train"])
+    return budget.batch_size * budget.size["seq_len"] / train_tokens_per_s(run)
 
 
 def findings(table: dict[str, Any]) -> list[str]:

@@ -85,15 +85,13 @@ def plan(stage: str, budget_name: str, jobs: int, threads: int | None) -> dict[s
     from ecp_lm.bench.core import BenchSpec, step_seconds
     from ecp_lm.runtime import torch_threads
 
-    rows, times = [], {}
+    rows = []
     with torch_threads(threads):
         for work in stage_work(stage, budget_name):
-            key = (repr(work.cfg.to_dict()), work.batch_size)
-            if key not in times:
-                times[key] = step_seconds(work.cfg, BenchSpec(batch_size=work.batch_size,
-                                                              warmup=1, repeats=2))
-            rows.append({"model": work.model, "steps": work.steps, "step_s": times[key],
-                         "hours": work.steps * times[key] / 3600})
+            step = step_seconds(work.cfg, BenchSpec(batch_size=work.batch_size, warmup=1,
+                                                    repeats=2))
+            rows.append({"model": work.model, "steps": work.steps, "step_s": step,
+                         "hours": work.steps * step / 3600})
     return {"stage": stage, "budget": budget_name, "jobs": jobs, "threads": threads,
             "rows": rows, "hours": sum(r["hours"] for r in rows) / jobs}
 
