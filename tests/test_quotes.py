@@ -126,9 +126,87 @@ def curve_model(model: str) -> dict:
     return report(f"{SMALL}/curve.json")["models"][model]
 
 
-def curve_cell(model: str, steps: int) -> str:
-    cell = curve_model(model)["points"][str(steps)]["bits_per_byte"]
+def curve_cell(model: str, steps: int, name: str = "curve") -> str:
+    cell = report(f"{SMALL}/{name}.json")["models"][model]["points"][str(steps)]["bits_per_byte"]
     return f"{cell['mean']:.4f} ± {cell['half_range']:.4f}"
+
+
+def hybrid_curve(model: str) -> dict:
+    return report(f"{SMALL}/hybrid-curve.json")["models"][model]
+
+
+def hybrid_recall(model: str, depth: int) -> str:
+    return mean_h(report(f"{SMALL}/hybrid-recall.json")["models"][model]["depths"][str(depth)]
+                  ["accuracy"])
+
+
+def hybrid_recall_costs(model: str) -> dict:
+    return report(f"{SMALL}/hybrid-recall.json")["models"][model]["costs"]
+
+
+def hybrid_called(*calls: str) -> bool:
+    """Every one of ``calls`` ("a > b") is an ordering the hybrid recall stage called at both
+    of its depths."""
+    orderings = report(f"{SMALL}/hybrid-recall.json")["orderings"]
+    return all(call in orderings[depth] for call in calls for depth in ("4", "8"))
+
+
+def hybrid_windows() -> str:
+    """The tile-matched window's hybrid against ECP's, said only while the stage separates
+    them at both depths, matches their tiles and leaves the entry-matched window level."""
+    tiles, ecp = (hybrid_recall_costs(m) for m in ("hybrid_sliding_window_tiles", "hybrid_ecp"))
+    orderings = report(f"{SMALL}/hybrid-recall.json")["orderings"]
+    level = not any(call in orderings[d] for d in ("4", "8") for call in (
+        "hybrid_sliding_window > hybrid_ecp", "hybrid_ecp > hybrid_sliding_window"))
+    if not (hybrid_called("hybrid_sliding_window_tiles > hybrid_ecp") and level
+            and tiles["research_tiles"] == ecp["research_tiles"]):
+        return "the stage no longer says this"
+    cells = [hybrid_recall(m, d) for d in (4, 8) for m in ("hybrid_sliding_window_tiles",
+                                                           "hybrid_ecp")]
+    return ("the tile-matched window is ahead of ECP at both depths ({} against {} at L = 4, "
+            "{} against {} at L = 8), ranges separated, with fewer entries ".format(*cells) +
+            f"({tiles['entries']:.3f} of full attention's against {ecp['entries']:.3f}) and the "
+            "same tiles; the entry-matched window is level with ECP")
+
+
+def hybrid_block_local_and_transformer() -> str:
+    locals_ = ("hybrid_ecp", "hybrid_sliding_window", "hybrid_sliding_window_tiles")
+    if not (hybrid_called(*(f"{m} > hybrid_block_local" for m in locals_)) and hybrid_called(
+            *(f"transformer > {m}" for m in (*locals_, "hybrid_block_local")))):
+        return "the stage no longer says this"
+    return (f"block_local's hybrid ({hybrid_recall('hybrid_block_local', 4)} at L = 4; chance "
+            "0.062) is behind every other hybrid at both depths. - The transformer is ahead of "
+            f"every hybrid at both depths ({hybrid_recall('transformer', 4)} at L = 4, "
+            f"{hybrid_recall('transformer', 8)} at L = 8)")
+
+
+def hybrid_gain() -> dict:
+    return hybrid_curve("hybrid_ecp")["points"]["200"]["context_gain_bits"]
+
+
+def hybrid_against_pure() -> str:
+    """The hybrids' curve against the curve stage's pure models (same budget, same seeds):
+    said only where every hybrid is separated from the transformer at both points and from
+    none of the pure local models."""
+    from ecp_lm.experiments.evidence.stats import separated
+
+    hybrids, pure = (report(f"{SMALL}/{name}.json")["models"] for name in ("hybrid-curve",
+                                                                           "curve"))
+    cells = [(h["points"][p]["bits_per_byte"], pure[m]["points"][p]["bits_per_byte"], m)
+             for h in hybrids.values() for p in ("100", "200")
+             for m in ("transformer", "ecp", "sliding_window", "sliding_window_tiles")]
+    ahead = all(separated(a, b) < 0 for a, b, m in cells if m == "transformer")
+    level = not any(separated(a, b) for a, b, m in cells if m != "transformer")
+    step = hybrid_curve("hybrid_ecp")["step_s"], curve_model("transformer")["step_s"]
+    return ("**Every hybrid is ahead of the transformer**" if ahead else "not ahead") + (
+        f" of the curve stage at both points, ranges separated (hybrid ECP "
+        f"{curve_cell('hybrid_ecp', 200, 'hybrid-curve')} against "
+        f"{curve_cell('transformer', 200)} at 200 steps), and none is separated from ECP or "
+        f"either window alone (hybrid ECP against ECP's {curve_cell('ecp', 200)})" if level else
+        "not level") + (
+        f". Hybrid ECP's step takes {step[0]:.3f} s, the transformer's {step[1]:.3f} s "
+        "(timed in separate invocations), so it is ahead at equal time too" if step[0] < step[1]
+        else "slower")
 
 
 def dropout_cell(cell: str, key: str) -> dict:
@@ -259,6 +337,23 @@ QUOTES = {
     "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
     "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
         f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
+    "results.md: hybrid recall": (RESULTS, lambda: (
+        f"hybrid ECP answers\n{hybrid_recall('hybrid_ecp', 4)} at L = 4, pure ECP "
+        f"{recall_cell('ecp', 4)} at the same budget")),
+    "results.md: hybrid recall, windows": (RESULTS, lambda: hybrid_windows()),
+    "results.md: hybrid recall, block_local and transformer": (RESULTS, lambda: (
+        hybrid_block_local_and_transformer())),
+    "results.md: hybrid curve": (RESULTS, lambda: hybrid_against_pure()),
+    "README: hybrids, small": (README, lambda: (
+        f"lifts ECP on recall from {recall_cell('ecp', 4)} to {hybrid_recall('hybrid_ecp', 4)} "
+        f"at L = 4, but the tile-matched window is the better local layer "
+        f"({hybrid_recall('hybrid_sliding_window_tiles', 4)})"
+        if hybrid_windows() != "the stage no longer says this" else "no longer")),
+    "results.md: hybrid context gain": (RESULTS, lambda: (
+        "gains are at most +{:.4f} bits/byte (hybrid ECP {:+.4f} ± {:.4f} at 200 steps)".format(
+            max(m["points"][p]["context_gain_bits"]["mean"] for m in report(
+                f"{SMALL}/hybrid-curve.json")["models"].values() for p in ("100", "200")),
+            hybrid_gain()["mean"], hybrid_gain()["half_range"]))),
     "results.md: dropout gaps": (RESULTS, lambda: dropout_gaps()),
     "results.md: dropout, not yet overfitting": (RESULTS, lambda: dropout_regime()),
     "results.md: dropout, kernel tiles": (RESULTS, lambda: (
@@ -293,7 +388,10 @@ def test_quote_matches_its_report(name):
 
 STAGE_TABLES = {"recall": "ecp_lm.experiments.evidence.recall:recall_markdown",
                 "dropout": "ecp_lm.experiments.evidence.dropout:dropout_markdown",
-                "curve": "ecp_lm.experiments.evidence.curve:curve_markdown"}
+                "curve": "ecp_lm.experiments.evidence.curve:curve_markdown",
+                "hybrid-recall": "ecp_lm.experiments.evidence.recall:recall_markdown",
+                "hybrid-curve": "ecp_lm.experiments.evidence.curve:curve_markdown"}
+"""Each small report in docs/ and the function of its stage that renders it."""
 
 
 @pytest.mark.parametrize("stage", list(STAGE_TABLES))
