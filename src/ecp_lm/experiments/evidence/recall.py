@@ -76,7 +76,8 @@ def model_config(budget: RecallBudget, name: str, depth: int) -> ModelConfig:
 
 def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, steps: int,
                folder: str) -> dict[str, Any]:
-    """Train one recall model and score it; its weights go to ``folder/model.safetensors``."""
+    """Train one recall model and score it; its weights go to ``folder/model.safetensors``. A
+    job stopped mid-training resumes from its last evaluation (``folder/train-state.pt``)."""
     from safetensors.torch import save
 
     from ecp_lm.experiments.mqar.budgets import BUDGETS
@@ -87,7 +88,8 @@ def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, st
     task = BUDGETS[budget.mqar]
     cfg = model_config(budget, name, depth)
     train = replace(task.train, steps=steps, lr=lr, seed=seed, eval_seed=EVAL_SEED)
-    model, result = train_mqar(cfg, task.spec, train, task.segment_len)
+    model, result = train_mqar(cfg, task.spec, train, task.segment_len,
+                               checkpoint=Path(folder) / "train-state.pt")
     weights = save({k: v.contiguous() for k, v in model.state_dict().items()})
     write_bytes_atomic(Path(folder) / "model.safetensors", weights)
     return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,

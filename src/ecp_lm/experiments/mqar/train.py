@@ -3,9 +3,11 @@ held-out accuracy at the query positions, overall and per segment offset."""
 
 from __future__ import annotations
 
+import io
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,6 +17,7 @@ from torch import Tensor
 from ecp_lm import progress as prog
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.mqar.task import MQARBatch, MQARSpec, mqar_batch
+from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.model import LanguageModel, build_model
 
 
@@ -108,12 +111,31 @@ def accuracy_by_offset(correct: Tensor, batch: MQARBatch, segment_len: int
     return {int(o): correct[offset == o].float().mean().item() for o in offset.unique()}
 
 
+def _save_state(path: Path, setup: str, step: int, model: LanguageModel,
+                optimizer: torch.optim.Optimizer, stream: torch.Generator, curve: list,
+                elapsed: float) -> None:
+    """Everything the next steps depend on, written atomically: the weights, the optimizer's
+    moments, the data stream's and torch's random state, the curve so far."""
+    buffer = io.BytesIO()
+    torch.save({"setup": setup, "step": step, "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "stream": stream.get_state(),
+                "torch_rng": torch.get_rng_state(), "curve": curve, "elapsed_s": elapsed},
+               buffer)
+    write_bytes_atomic(path, buffer.getvalue())
+
+
 def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: int,
-               progress: bool = False, label: str = "") -> tuple[LanguageModel, dict[str, Any]]:
+               progress: bool = False, label: str = "", checkpoint: Path | None = None
+               ) -> tuple[LanguageModel, dict[str, Any]]:
     """Train a fresh ``cfg`` model on an endless MQAR stream; evaluate on the held-out set every
     ``eval_every`` steps (and at steps 0 and ``steps``). Returns the model and a record with
     the curve, the final accuracy and the final accuracy per segment offset (segments of
-    ``segment_len``)."""
+    ``segment_len``).
+
+    With ``checkpoint`` (a file path), the state is saved there at every evaluation and a run
+    that finds it resumes from it, to the same weights and curve as a run never stopped; the
+    file is removed once training ends. Times (``elapsed_s``, ``s_per_step``) count only the
+    work kept."""
     torch.manual_seed(train.seed)
     model = build_model(cfg)
     _check_model(model, spec)
@@ -124,7 +146,19 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
     held_out = mqar_batch(spec, train.eval_size, torch.Generator().manual_seed(eval_seed))
     curve: list[dict[str, float]] = []
     recent: list[float] = []
-    start = time.perf_counter()
+    first, elapsed = 0, 0.0
+    setup = repr((cfg.to_dict(), asdict(spec), asdict(train)))
+    if checkpoint is not None and checkpoint.exists():
+        state = torch.load(checkpoint, weights_only=True)
+        if state["setup"] != setup:
+            raise ValueError(f"{checkpoint} is the state of another run (another model, task "
+                             f"or schedule): move it away to train this one from the start")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        stream.set_state(state["stream"])
+        torch.set_rng_state(state["torch_rng"])
+        first, curve, elapsed = state["step"], state["curve"], state["elapsed_s"]
+    start = time.perf_counter() - elapsed
 
     def record(step: int) -> None:
         result = evaluate(model, held_out)
@@ -135,9 +169,11 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
         prog.note(f"{label} step {step}: held-out accuracy {result['accuracy']:.3f}, "
                   f"loss {result['loss']:.3f}", progress and not prog.interactive())
 
-    record(0)
+    if first == 0:
+        record(0)
     model.train()
-    bar = prog.bar(range(train.steps), enabled=progress, desc=label, leave=False)
+    bar = prog.bar(range(first, train.steps), enabled=progress, desc=label, leave=False,
+                   initial=first, total=train.steps)
     for step in bar:
         for group in optimizer.param_groups:
             group["lr"] = train.lr_at(step)
@@ -150,8 +186,13 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
         if (step + 1) % train.eval_every == 0 or step + 1 == train.steps:
             record(step + 1)
             bar.set_postfix(acc=f"{curve[-1]['accuracy']:.3f}")
+            if checkpoint is not None and step + 1 < train.steps:
+                _save_state(checkpoint, setup, step + 1, model, optimizer, stream, curve,
+                            time.perf_counter() - start)
     bar.close()
     train_s = time.perf_counter() - start
+    if checkpoint is not None:
+        checkpoint.unlink(missing_ok=True)
     final = evaluate(model, held_out)
     model.eval()
     return model, {

@@ -1,0 +1,127 @@
+"""An MQAR training run with a checkpoint file, SIGKILLed at random instants and started again
+each time, ends with the weights and the curve of a run never stopped; its state file is the
+run's own (another run's is refused) and is gone once training ends."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.mqar.budgets import BUDGETS
+from ecp_lm.experiments.mqar.train import train_mqar
+
+TASK = BUDGETS["tiny"]
+STEPS, EVAL_EVERY = 240, 10
+
+CHILD = """
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+import torch
+from safetensors.torch import save_file
+from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.mqar.budgets import BUDGETS
+from ecp_lm.experiments.mqar.train import train_mqar
+torch.set_num_threads(1)
+task = BUDGETS["tiny"]
+cfg = ModelConfig(arch="ecp", vocab_size=task.spec.vocab_size, n_layers=2,
+                  seq_len=task.spec.seq_len, num_segments=task.num_segments, **task.model)
+train = replace(task.train, steps={steps}, eval_every={every}, warmup_steps=20)
+out = Path({out!r})
+model, result = train_mqar(cfg, task.spec, train, task.segment_len,
+                           checkpoint=out / "train-state.pt" if {resume} else None)
+save_file({{k: v.contiguous() for k, v in model.state_dict().items()}}, out / "model.safetensors")
+curve = [{{k: v for k, v in point.items() if k != "elapsed_s"}} for point in result["curve"]]
+(out / "result.json").write_text(json.dumps({{"curve": curve, "accuracy": result["accuracy"]}}))
+print("done")
+"""
+
+
+def child(out: Path, resume: bool) -> str:
+    out.mkdir(parents=True, exist_ok=True)
+    return CHILD.format(steps=STEPS, every=EVAL_EVERY, out=str(out), resume=resume)
+
+
+def run_child(script: str, kill_after: float | None = None) -> bool:
+    """Run the child, SIGKILLed after ``kill_after`` seconds; whether it was killed."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = proc.communicate(timeout=kill_after or 600)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate()
+        return True
+    assert proc.returncode == 0, err[-2000:]
+    return False
+
+
+def test_killed_and_resumed_equals_never_stopped(tmp_path):
+    start = time.perf_counter()
+    assert not run_child(child(tmp_path / "clean", resume=False))
+    whole = time.perf_counter() - start
+    killed = tmp_path / "killed"
+    state = killed / "train-state.pt"
+    rng = random.Random(0)
+    resumed_from = []
+    for _ in range(12):  # random instants, until three kills have left a state behind
+        was_killed = run_child(child(killed, resume=True),
+                               kill_after=rng.uniform(0.3, 0.95) * whole)
+        if (killed / "result.json").exists():  # done (a kill may land during the exit)
+            break
+        if was_killed and state.exists():
+            resumed_from.append(torch.load(state, weights_only=True)["step"])
+        if len(resumed_from) == 3:
+            break
+    assert resumed_from and max(resumed_from) > 0, "no kill landed after a checkpoint"
+    assert all(step % EVAL_EVERY == 0 and 0 < step < STEPS for step in resumed_from)
+    if not (killed / "result.json").exists():
+        assert not run_child(child(killed, resume=True))
+    assert not state.exists()
+    a, b = (load_file(d / "model.safetensors") for d in (tmp_path / "clean", killed))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    clean, resumed = (json.loads((d / "result.json").read_text())
+                      for d in (tmp_path / "clean", killed))
+    assert resumed == clean
+    assert [p["step"] for p in clean["curve"]] == list(range(0, STEPS + 1, EVAL_EVERY))
+
+
+def test_another_runs_state_is_refused(tmp_path, monkeypatch):
+    import ecp_lm.experiments.mqar.train as module
+
+    cfg = ModelConfig(arch="ecp", vocab_size=TASK.spec.vocab_size, n_layers=2,
+                      seq_len=TASK.spec.seq_len, num_segments=TASK.num_segments, **TASK.model)
+    train = replace(TASK.train, steps=20, eval_every=10)
+    state = tmp_path / "train-state.pt"
+    real = module._save_state
+
+    class StopError(Exception):
+        pass
+
+    def save_and_stop(*args):
+        real(*args)
+        raise StopError
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "_save_state", save_and_stop)
+        with pytest.raises(StopError):
+            train_mqar(cfg, TASK.spec, train, TASK.segment_len, checkpoint=state)
+    assert torch.load(state, weights_only=True)["step"] == 10
+    with pytest.raises(ValueError, match="state of another run"):
+        train_mqar(cfg, TASK.spec, replace(train, lr=train.lr / 2), TASK.segment_len,
+                   checkpoint=state)
+    _, result = train_mqar(cfg, TASK.spec, train, TASK.segment_len, checkpoint=state)
+    assert [p["step"] for p in result["curve"]] == [0, 10, 20] and not state.exists()
