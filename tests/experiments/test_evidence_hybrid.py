@@ -51,3 +51,55 @@ def test_the_stage_runs_recall_and_the_curve_on_the_hybrid_budgets(tmp_path, mon
     with pytest.raises(SystemExit) as exit_:
         evidence.main(["--stage", "hybrid", "--budget", "huge", "--out", str(tmp_path / "ev")])
     assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
+
+
+def fake_curve(budget, models, bits, points=None):
+    """A curve summary as the curve stage writes it, with ``bits[m]`` the seeds' bits/byte
+    of model ``m`` at every point."""
+    from ecp_lm.experiments.evidence.stats import spread
+
+    points = points or budget.points
+    return {"budget": "small", "size": dict(budget.size), "seeds": 3,
+            "decay_fraction": budget.decay_fraction, "valid_tokens": budget.valid_tokens,
+            "models": {m: {"lr": 2e-3, "costs": {"entries": 0.5}, "step_s": 0.5, "points": {
+                str(p): {"bits_per_byte": spread(bits[m]), "context_gain_bits": spread([0.0] * 3),
+                         "per_seed": bits[m]} for p in points}} for m in models}}
+
+
+def test_the_hybrids_curve_sets_the_curve_stages_models_beside_its_own():
+    from ecp_lm.experiments.evidence.curve import reference_models, summarise
+
+    budget = CURVE_BUDGETS["hybrid-small"]
+    pure = fake_curve(CURVE_BUDGETS["small"], ("ecp", "transformer"),
+                      {"ecp": [3.0, 3.1, 3.2], "transformer": [3.5, 3.6, 3.7]},
+                      points=(*budget.points, 400))
+    beside, note = reference_models(budget, pure)
+    assert list(beside) == ["ecp", "transformer"] and "curve stage's own runs" in note
+    assert all(set(r["points"]) == set(map(str, budget.points)) and r["from"] == "curve"
+               for r in beside.values())  # the hybrids' points only
+    assert reference_models(budget, None) == ({}, None)
+    assert reference_models(budget, {})[1].startswith("The curve stage has not run")
+    for change in ({"size": {**budget.size, "d_model": 64}}, {"seeds": 2},
+                   {"valid_tokens": 1024}, {"budget": "tiny"}):
+        assert reference_models(budget, {**pure, **change}) == ({}, reference_models(
+            budget, {**pure, "seeds": 2})[1])  # not measured alike: nothing beside
+    short = fake_curve(CURVE_BUDGETS["small"], ("ecp",), {"ecp": [3.0] * 3}, points=(100,))
+    assert reference_models(budget, short)[0] == {}
+    # The summary calls orderings across both: every hybrid (3.2-3.4) is ahead of the
+    # transformer (3.5-3.7) and level with ECP (3.0-3.2: the ranges touch).
+    own = fake_curve(budget, HYBRIDS, {m: [3.2, 3.3, 3.4] for m in HYBRIDS})
+    seeds = {f"curve/{m}/seed{s}": {"points": [
+        {"steps": p, "bits_per_byte": own["models"][m]["points"][str(p)]["per_seed"][s],
+         "context_gain_bits": 0.0} for p in budget.points]} for m in HYBRIDS for s in range(3)}
+    trials = {f"select/{m}/lr{lr:g}": {"bits_per_byte": 4.0} for m in HYBRIDS
+              for lr in budget.lrs}
+    args = (budget, trials, {m: 2e-3 for m in HYBRIDS}, seeds, {m: 0.4 for m in HYBRIDS})
+    summary = summarise("hybrid-small", *args, reference=pure)
+    for p in map(str, budget.points):
+        assert {f"{m} < transformer" for m in HYBRIDS} <= set(summary["orderings"][p])
+        assert not [c for c in summary["orderings"][p] if "ecp" in c.split()
+                    and set(c.split()) & set(HYBRIDS)]
+        assert "ecp < transformer" in summary["orderings"][p]
+    alone = summarise("hybrid-small", *args)
+    assert "reference" not in alone and not any("transformer" in c for p in alone["orderings"]
+                                                for c in alone["orderings"][p])

@@ -22,7 +22,8 @@ budgets, each stage in about an hour or less on a 2-core CPU (the README gives t
   relay the path the answer takes?
 - ``hybrid``: ECP as the local layer of a hybrid, three local layers and one global: ecp, both
   sliding windows and block_local as the local layer, on recall at L = 4 and 8 (against the
-  transformer) and on the curve (against the curve stage's transformer), seeds as above.
+  transformer) and on the curve (beside the curve stage's models, run it first), seeds as
+  above.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``; ``--plan`` (the
@@ -32,6 +33,7 @@ training steps and the hours they take here, before anything runs) in ``plan.py`
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from ecp_lm.experiments import one_line_errors
@@ -102,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = recall.run_recall(name, out / "recall", args.jobs, args.threads,
                                     not args.quiet)
         print(recall.recall_markdown(summary))
-        summary = curve.run_curve(name, out / "curve", args.jobs, threads, not args.quiet)
+        pure = out.parent.parent / "curve" / args.budget / "curve.json"
+        summary = curve.run_curve(name, out / "curve", args.jobs, threads, not args.quiet,
+                                  json.loads(pure.read_text()) if pure.exists() else {})
         print(curve.curve_markdown(summary))
     return 0

@@ -154,9 +154,11 @@ def chosen_lr(trials: list[dict[str, Any]]) -> float:
 
 
 def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
-              progress: bool = False) -> dict[str, Any]:
+              progress: bool = False, reference: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
     """The stage: learning-rate trials, then every model's seeds on the curve, then the
-    summary (``curve.json``, ``curve.md``)."""
+    summary (``curve.json``, ``curve.md``). ``reference``: the curve stage's summary, whose
+    models the hybrids' curve sets beside its own (``reference_models``)."""
     from ecp_lm.fsutil import write_bytes_atomic
     from ecp_lm.runtime import torch_threads
 
@@ -172,15 +174,42 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
                                                             str(out)))
                       for m in budget.models for s in range(budget.seeds)], out, jobs,
                      threads, progress, check=lambda kept: check_rates(kept, lrs, out))
-    summary = summarise(budget_name, budget, trials, lrs, seeds, times)
+    summary = summarise(budget_name, budget, trials, lrs, seeds, times, reference)
     summary["valid_coverage"] = valid_coverage(budget)
     write_json(out / "curve.json", summary)
     write_bytes_atomic(out / "curve.md", curve_markdown(summary).encode())
     return summary
 
 
+def reference_models(budget: CurveBudget, reference: dict[str, Any] | None
+                     ) -> tuple[dict[str, Any], str | None]:
+    """The curve stage's models (``reference``, its summary) to set beside this curve's (the
+    hybrids'), at this curve's budget points, and a sentence saying which they are or why there
+    are none: only runs measured alike (the same size, training, seeds, decay and validation
+    bytes, with every budget point of this curve among theirs). None: no reference asked."""
+    if reference is None:
+        return {}, None
+    if not reference:
+        return {}, ("The curve stage has not run at this budget (`--stage curve`): no pure "
+                    "model is set beside these.")
+    points = list(map(str, budget.points))
+    alike = (reference["size"] == budget.size and reference["seeds"] == budget.seeds
+             and reference["decay_fraction"] == budget.decay_fraction
+             and reference["valid_tokens"] == budget.valid_tokens
+             and CURVE_BUDGETS[reference["budget"]].train == budget.train
+             and all(p in r["points"] for r in reference["models"].values() for p in points))
+    if not alike:
+        return {}, ("The curve stage's runs were not measured like these (another size, "
+                    "training, seeds or budget points): no pure model is set beside them.")
+    models = {m: {**r, "points": {p: r["points"][p] for p in points}, "from": "curve"}
+              for m, r in reference["models"].items() if m not in budget.models}
+    return models, (f"{', '.join(models)}: the curve stage's own runs (the same size, training, "
+                    "seeds, budget points and validation bytes; their step times measured in "
+                    "its invocation).")
+
+
 def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, seeds: dict,
-              times: dict) -> dict[str, Any]:
+              times: dict, reference: dict[str, Any] | None = None) -> dict[str, Any]:
     models = {}
     for m in budget.models:
         runs = [seeds[f"curve/{m}/seed{s}"] for s in range(budget.seeds)]
@@ -196,15 +225,18 @@ def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, se
                                               ["bits_per_byte"] for lr in budget.lrs},
                      "costs": costs(ModelConfig(**model_config(m, budget.size))),
                      "step_s": times[m], "points": points}
-    calls = {steps: orderings({m: models[m]["points"][steps]["bits_per_byte"]
-                               for m in budget.models}) for steps in map(str, budget.points)}
-    timed = equal_time_calls({m: {p: models[m]["points"][str(p)]["bits_per_byte"]
-                                  for p in budget.points} for m in budget.models},
-                             {m: times[m] for m in budget.models})
+    beside, note = reference_models(budget, reference)
+    models.update(beside)
+    calls = {steps: orderings({m: r["points"][steps]["bits_per_byte"]
+                               for m, r in models.items()}) for steps in map(str, budget.points)}
+    timed = equal_time_calls({m: {p: r["points"][str(p)]["bits_per_byte"]
+                                  for p in budget.points} for m, r in models.items()},
+                             {m: r["step_s"] for m, r in models.items()})
     return {"budget": budget_name, "size": budget.size, "points": list(budget.points),
             "seeds": budget.seeds, "lrs": list(budget.lrs), "select_steps": budget.select_steps,
             "decay_fraction": budget.decay_fraction, "valid_tokens": budget.valid_tokens,
-            "models": models, "orderings": calls, "equal_time": timed}
+            "models": models, "orderings": calls, "equal_time": timed,
+            **({"reference": note} if note else {})}
 
 
 def curve_markdown(summary: dict[str, Any]) -> str:
@@ -237,6 +269,8 @@ def curve_markdown(summary: dict[str, Any]) -> str:
                  for p in summary["points"]]
         lines.append(f"| {name} | {r['lr']:g} | {c['entries']:.3f} | {c['research_tiles']:.3f} "
                      f"| {kernel} | {r['step_s']:.3f} | " + " | ".join(cells) + " |")
+    if "reference" in summary:
+        lines += ["", summary["reference"]]
     lines += ["", "Context gain (bits/byte with windows of 2m minus with windows of N, the same "
               "targets), mean ± half the range over the seeds:", "",
               "| model | " + " | ".join(f"{p} steps" for p in summary["points"]) + " |",
