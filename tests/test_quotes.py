@@ -92,9 +92,13 @@ def mean_h(cell: dict) -> str:
     return f"{cell['mean']:.3f} ± {cell['half_range']:.3f}"
 
 
-def recall_cell(model: str, depth: int) -> str:
-    return mean_h(report(f"{SMALL}/recall.json")["models"][model]["depths"][str(depth)]
-                  ["accuracy"])
+def stage_model(name: str, model: str) -> dict:
+    """One model's entry in the small report ``name`` (``recall``, ``hybrid-curve`` …)."""
+    return report(f"{SMALL}/{name}.json")["models"][model]
+
+
+def recall_cell(model: str, depth: int, name: str = "recall") -> str:
+    return mean_h(stage_model(name, model)["depths"][str(depth)]["accuracy"])
 
 
 def recall_costs() -> str:
@@ -122,50 +126,42 @@ def full_steps(stage: str) -> int:
     return sum(w.steps for w in stage_work(stage, "full"))
 
 
-def curve_model(model: str) -> dict:
-    return report(f"{SMALL}/curve.json")["models"][model]
+def curve_model(model: str, name: str = "curve") -> dict:
+    return stage_model(name, model)
 
 
 def curve_cell(model: str, steps: int, name: str = "curve") -> str:
-    cell = report(f"{SMALL}/{name}.json")["models"][model]["points"][str(steps)]["bits_per_byte"]
+    cell = curve_model(model, name)["points"][str(steps)]["bits_per_byte"]
     return f"{cell['mean']:.4f} ± {cell['half_range']:.4f}"
 
 
 def hybrid_curve(model: str) -> dict:
-    return report(f"{SMALL}/hybrid-curve.json")["models"][model]
+    return curve_model(model, "hybrid-curve")
+
+
+def hybrid_model(model: str) -> dict:
+    return stage_model("hybrid-recall", model)
 
 
 def hybrid_recall(model: str, depth: int) -> str:
-    return mean_h(report(f"{SMALL}/hybrid-recall.json")["models"][model]["depths"][str(depth)]
-                  ["accuracy"])
-
-
-def hybrid_trials(model: str) -> dict[str, float]:
-    return report(f"{SMALL}/hybrid-recall.json")["models"][model]["trials"]
-
-
-def hybrid_recall_lr(model: str) -> float:
-    return report(f"{SMALL}/hybrid-recall.json")["models"][model]["lr"]
+    return recall_cell(model, depth, "hybrid-recall")
 
 
 def hybrid_rate_trials() -> str:
     """The tile-matched window's hybrid chose its rate on a flat grid, the rate at which the
     other two windows' hybrids peaked."""
-    tiles = hybrid_trials("hybrid_sliding_window_tiles").values()
-    rates = {hybrid_recall_lr(m) for m in ("hybrid_ecp", "hybrid_sliding_window",
-                                           "hybrid_sliding_window_tiles")}
+    tiles = hybrid_model("hybrid_sliding_window_tiles")["trials"].values()
+    rates = {hybrid_model(m)["lr"] for m in ("hybrid_ecp", "hybrid_sliding_window",
+                                             "hybrid_sliding_window_tiles")}
     if len(rates) != 1:
         return "other rates"
     [rate] = rates
-    peaks = (hybrid_trials(m)[f"{rate:g}"] for m in ("hybrid_ecp", "hybrid_sliding_window"))
+    peaks = (hybrid_model(m)["trials"][f"{rate:g}"] for m in ("hybrid_ecp",
+                                                              "hybrid_sliding_window"))
     return ("trials all near chance, {:.3f}–{:.3f} at 400 steps, so by the noise of a flat grid; "
             "it fell on {}, where ECP's and the entry-matched window's hybrids peaked, {:.3f} "
             "and {:.3f}.)".format(min(tiles), max(tiles), f"{rate:.0e}".replace("e-0", "e-"),
                                   *peaks))
-
-
-def hybrid_recall_costs(model: str) -> dict:
-    return report(f"{SMALL}/hybrid-recall.json")["models"][model]["costs"]
 
 
 def hybrid_called(*calls: str) -> bool:
@@ -178,7 +174,7 @@ def hybrid_called(*calls: str) -> bool:
 def hybrid_windows() -> str:
     """The tile-matched window's hybrid against ECP's, said only while the stage separates
     them at both depths, matches their tiles and leaves the entry-matched window level."""
-    tiles, ecp = (hybrid_recall_costs(m) for m in ("hybrid_sliding_window_tiles", "hybrid_ecp"))
+    tiles, ecp = (hybrid_model(m)["costs"] for m in ("hybrid_sliding_window_tiles", "hybrid_ecp"))
     orderings = report(f"{SMALL}/hybrid-recall.json")["orderings"]
     level = not any(call in orderings[d] for d in ("4", "8") for call in (
         "hybrid_sliding_window > hybrid_ecp", "hybrid_ecp > hybrid_sliding_window"))
