@@ -123,3 +123,24 @@ def decode_three_ways(model, prompt, n: int):
         full = model(out[:, :-1])[:, prompt.size(1) - 1:]
     del model.make_caches
     return out, logits, plain, plain_logits, full, caches
+
+
+def run_child(script: str, kill_after: float | None = None) -> bool:
+    """Run ``python -c script`` offline, SIGKILLed after ``kill_after`` seconds; whether it was
+    killed. A child that ends by itself must succeed."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
+    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True)
+    try:
+        _, err = child.communicate(timeout=kill_after or 600)
+    except subprocess.TimeoutExpired:
+        child.send_signal(signal.SIGKILL)
+        child.communicate()
+        return True
+    assert child.returncode == 0, err[-2000:]
+    return False

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,7 @@ from safetensors.torch import load_file
 
 from ecp_lm.experiments.evidence.anneal import annealed_curve, branch, wsd_config
 from ecp_lm.train.loop import train
-from helpers import tiny_run_config
+from helpers import run_child, tiny_run_config
 
 POINTS, FRACTION = (4, 8), 0.25  # decays of 1 and 2 steps: branches at steps 3 and 6
 
@@ -79,19 +78,6 @@ print("done")
 """
 
 
-def run_child(script: str, env: dict, kill_after: float | None = None) -> bool:
-    """Run the child, SIGKILLed after ``kill_after`` seconds; whether it was killed."""
-    child = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
-    try:
-        child.communicate(timeout=kill_after)
-        return False
-    except subprocess.TimeoutExpired:
-        child.send_signal(signal.SIGKILL)
-        child.communicate()
-        return True
-
-
 def test_branching_survives_sigkill(tmp_path):
     cfg = base_config(tmp_path)
     annealed_curve(cfg, POINTS, FRACTION, tmp_path / "clean", lambda run: {})
@@ -99,12 +85,12 @@ def test_branching_survives_sigkill(tmp_path):
                           points=POINTS, fraction=FRACTION)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
     start = time.perf_counter()  # how long an uninterrupted child takes here, now
-    assert not run_child(script.replace('"killed"', '"timed"'), env)
+    assert not run_child(script.replace('"killed"', '"timed"'))
     whole = time.perf_counter() - start
     rng = random.Random(0)
     killed = 0
     for _ in range(8):  # random instants of the start-up and the training, until three landed
-        killed += run_child(script, env, kill_after=rng.uniform(0.1, 0.6) * whole)
+        killed += run_child(script, kill_after=rng.uniform(0.1, 0.6) * whole)
         if killed == 3:
             break
     assert killed >= 2  # each resumed child has less left to do: a late kill may find it done

@@ -5,11 +5,8 @@ run's own (another run's is refused) and is gone once training ends."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
+import shutil
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +18,7 @@ from safetensors.torch import load_file
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.mqar.budgets import BUDGETS
 from ecp_lm.experiments.mqar.train import train_mqar
+from helpers import run_child
 
 TASK = BUDGETS["tiny"]
 STEPS, EVAL_EVERY = 240, 10
@@ -54,34 +52,23 @@ def child(out: Path, resume: bool) -> str:
     return CHILD.format(steps=STEPS, every=EVAL_EVERY, out=str(out), resume=resume)
 
 
-def run_child(script: str, kill_after: float | None = None) -> bool:
-    """Run the child, SIGKILLed after ``kill_after`` seconds; whether it was killed."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONHASHSEED": "0"}
-    proc = subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        _, err = proc.communicate(timeout=kill_after or 600)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate()
-        return True
-    assert proc.returncode == 0, err[-2000:]
-    return False
-
-
 def test_killed_and_resumed_equals_never_stopped(tmp_path):
-    start = time.perf_counter()
     assert not run_child(child(tmp_path / "clean", resume=False))
+    start = time.perf_counter()  # how long a warm uninterrupted child takes here, now
+    assert not run_child(child(tmp_path / "timed", resume=False))
     whole = time.perf_counter() - start
     killed = tmp_path / "killed"
     state = killed / "train-state.pt"
     rng = random.Random(0)
     resumed_from = []
-    for _ in range(12):  # random instants, until three kills have left a state behind
+    for _ in range(16):  # random instants, until three kills have left a state behind
         was_killed = run_child(child(killed, resume=True),
                                kill_after=rng.uniform(0.3, 0.95) * whole)
         if (killed / "result.json").exists():  # done (a kill may land during the exit)
-            break
+            if resumed_from:
+                break
+            shutil.rmtree(killed)  # done before any kill left a state: start again
+            continue
         if was_killed and state.exists():
             resumed_from.append(torch.load(state, weights_only=True)["step"])
         if len(resumed_from) == 3:
