@@ -31,10 +31,11 @@ def test_steps_counted_by_hand():
     recall = steps("recall")
     assert len(recall) == 10
     assert recall["ecp L2"] == 3 * 40 and recall["ecp L4"] == 3 * 40 + 2 * 20
-    # dropout tiny: 16,384 bytes in batches of 32 x 64 is 8 steps an epoch, 2 epochs, 3 rates,
-    # 3 seeds.
-    assert steps("dropout") == {a: 8 * 2 * 3 * 3 for a in
-                                ("ecp", "sliding_window", "transformer")}
+    # dropout tiny: 16,384 bytes in batches of 32 x 64 is 8 steps an epoch, 2 epochs, 3 seeds,
+    # for each rate apart, each timed at its own rate.
+    assert steps("dropout") == {f"{a} dropout {p}": 8 * 2 * 3 for a in
+                                ("ecp", "sliding_window", "transformer") for p in (0, 0.1, 0.2)}
+    assert {w.cfg.dropout for w in plan_module.stage_work("dropout", "tiny")} == {0, 0.1, 0.2}
     # hybrid: recall at L = 4 (trials there) and 8, then the curve at 4 layers.
     hybrid = plan_module.stage_work("hybrid", "tiny")
     assert {w.model: w.steps for w in hybrid[:10]} == {
@@ -51,9 +52,10 @@ def test_steps_counted_by_hand():
 
 def test_hours_are_steps_times_step_time_over_jobs(fixed_step, capsys):
     p = plan_module.plan("dropout", "tiny", jobs=2, threads=1)
-    assert [r["step_s"] for r in p["rows"]] == [16.0] * 3  # batch 32
-    assert p["hours"] == pytest.approx(3 * 144 * 16.0 / 3600 / 2)
+    assert [r["step_s"] for r in p["rows"]] == [16.0] * 9  # batch 32
+    assert p["hours"] == pytest.approx(9 * 48 * 16.0 / 3600 / 2)
     assert evidence.main(["--stage", "dropout", "--budget", "tiny", "--plan", "--jobs", "2",
                           "--threads", "1", "--out", "/nonexistent/not-written"]) == 0
     text = capsys.readouterr().out
-    assert "| transformer | 144 | 16.000 | 0.64 |" in text and "About 1.0 hours at 2 job" in text
+    assert "| transformer dropout 0.2 | 48 | 16.000 | 0.21 |" in text
+    assert "About 1.0 hours at 2 job" in text
