@@ -56,7 +56,7 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
                     assert c["gap_bits"] == c["valid_bits"] - c["train_bits"]
                 assert result["best_valid_bits"] == min(c["valid_bits"]
                                                         for c in result["curve"])
-    assert len(summary["findings"]) == len(ARCHS) - 1 + len(ARCHS)
+    assert len(summary["findings"]) == 2 * (len(ARCHS) - 1) + len(ARCHS)
     assert summary["costs"]["transformer"]["entries"] > summary["costs"]["ecp"]["entries"]
     assert all(row["step_s"] > 0 for row in summary["table"].values())
     assert "| ecp | 0.1 |" in (out / "dropout.md").read_text()

@@ -175,12 +175,30 @@ def findings(table: dict[str, Any]) -> list[str]:
                    + ("ecp's is smaller (ranges separate)" if side < 0 else
                       "ecp's is larger (ranges separate)" if side > 0 else
                       "not separated by the seeds"))
+    best = {arch: min((table[f"{arch}/{d:g}"] for d in DROPOUTS),
+                      key=lambda r: r["best_valid_bits"]["mean"]) for arch in ARCHS}
     for arch in ARCHS:
-        best = min((table[f"{arch}/{d:g}"] for d in DROPOUTS),
-                   key=lambda r: r["best_valid_bits"]["mean"])
-        out.append(f"{arch}: best validation {best['best_valid_bits']['mean']:.4f} bits/byte "
-                   f"at dropout {best['dropout']:g}")
+        out.append(f"{arch}: best validation {best[arch]['best_valid_bits']['mean']:.4f} "
+                   f"bits/byte at dropout {best[arch]['dropout']:g}")
+    # The second prediction: ECP's validation advantage at dropout 0, and once every model has
+    # its own best dropout (the claim: it shrinks).
+    for arch in ARCHS[1:]:
+        at_zero = advantage(ecp0, table[f"{arch}/0"])
+        at_best = advantage(best["ecp"], best[arch])
+        out.append(f"ecp's best-validation advantage over {arch}: {at_zero} at dropout 0; "
+                   f"{at_best} with each at its best dropout (ecp "
+                   f"{best['ecp']['dropout']:g}, {arch} {best[arch]['dropout']:g})")
     return out
+
+
+def advantage(ecp: dict[str, Any], other: dict[str, Any]) -> str:
+    """How far ``ecp``'s best validation score is below ``other``'s (bits/byte; positive: ecp
+    better), and whether the seeds' ranges separate them."""
+    a, b = ecp["best_valid_bits"], other["best_valid_bits"]
+    side = separated(a, b)
+    verdict = ("ecp ahead, ranges separate" if side < 0 else
+               "ecp behind, ranges separate" if side > 0 else "not separated by the seeds")
+    return f"{b['mean'] - a['mean']:+.4f} bits/byte ({verdict})"
 
 
 def dropout_markdown(summary: dict[str, Any]) -> str:
