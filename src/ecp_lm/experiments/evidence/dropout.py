@@ -168,13 +168,12 @@ def findings(table: dict[str, Any]) -> list[str]:
     ecp0 = table["ecp/0"]
     for arch in ARCHS[1:]:
         other = table[f"{arch}/0"]
-        side = separated(ecp0["final_gap"], other["final_gap"])
         out.append(f"dropout 0, final train-validation gap: ecp "
                    f"{ecp0['final_gap']['mean']:.4f} against {arch} "
                    f"{other['final_gap']['mean']:.4f} bits/byte: "
-                   + ("ecp's is smaller (ranges separate)" if side < 0 else
-                      "ecp's is larger (ranges separate)" if side > 0 else
-                      "not separated by the seeds"))
+                   + seeds_verdict(ecp0["final_gap"], other["final_gap"],
+                                   "ecp's is smaller (ranges separate)",
+                                   "ecp's is larger (ranges separate)"))
     best = {arch: min((table[f"{arch}/{d:g}"] for d in DROPOUTS),
                       key=lambda r: r["best_valid_bits"]["mean"]) for arch in ARCHS}
     for arch in ARCHS:
@@ -195,10 +194,15 @@ def advantage(ecp: dict[str, Any], other: dict[str, Any]) -> str:
     """How far ``ecp``'s best validation score is below ``other``'s (bits/byte; positive: ecp
     better), and whether the seeds' ranges separate them."""
     a, b = ecp["best_valid_bits"], other["best_valid_bits"]
-    side = separated(a, b)
-    verdict = ("ecp ahead, ranges separate" if side < 0 else
-               "ecp behind, ranges separate" if side > 0 else "not separated by the seeds")
+    verdict = seeds_verdict(a, b, "ecp ahead, ranges separate", "ecp behind, ranges separate")
     return f"{b['mean'] - a['mean']:+.4f} bits/byte ({verdict})"
+
+
+def seeds_verdict(a: dict[str, float], b: dict[str, float], below: str, above: str) -> str:
+    """``below`` if ``a``'s range over the seeds lies below ``b``'s, ``above`` if above, else
+    that the seeds do not separate them."""
+    side = separated(a, b)
+    return below if side < 0 else above if side > 0 else "not separated by the seeds"
 
 
 def dropout_markdown(summary: dict[str, Any]) -> str:

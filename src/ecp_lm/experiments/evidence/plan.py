@@ -2,9 +2,9 @@
 
 A stage's work is its training steps: for each model, the learning-rate trials and the seeds'
 runs (on the curve, one stable run per seed plus its decay branches; for dropout, each rate
-apart). One training step of each
-model at the stage's size and batch is timed here (``bench.core.step_seconds``), and the plan is
-the steps times the step time, spread over ``--jobs`` runs at once. Evaluation is not counted;
+apart). One training step of each model at the stage's size and batch is timed here
+(``bench.core.step_seconds``), and the plan is the steps times the step time, spread over
+``--jobs`` runs at once. Evaluation is not counted;
 the report says how long a stage really took.
 """
 
