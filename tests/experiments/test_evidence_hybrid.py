@@ -4,9 +4,12 @@ tile-matched hybrid window is w = m."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from ecp_lm.config import ModelConfig, tile_pattern
+from ecp_lm.experiments.evidence import recall as recall_module
 from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS
 from ecp_lm.experiments.evidence.models import HYBRIDS, model_config
 from ecp_lm.experiments.evidence.recall import RECALL_BUDGETS
@@ -40,14 +43,16 @@ def test_the_stage_runs_recall_and_the_curve_on_the_hybrid_budgets(tmp_path, mon
     from ecp_lm.experiments.evidence import curve, recall
 
     calls = []
-    monkeypatch.setattr(recall, "run_recall", lambda name, out, *a: calls.append((name, out)))
+    monkeypatch.setattr(recall, "run_recall",
+                        lambda name, out, *a: calls.append((name, out, *a[3:])))
     monkeypatch.setattr(curve, "run_curve", lambda name, out, *a: calls.append((name, out)))
     monkeypatch.setattr(recall, "recall_markdown", lambda summary: "")
     monkeypatch.setattr(curve, "curve_markdown", lambda summary: "")
     assert evidence.main(["--stage", "hybrid", "--budget", "small", "--out",
                           str(tmp_path / "ev"), "--quiet"]) == 0
     stage = tmp_path / "ev" / "hybrid" / "small"
-    assert calls == [("hybrid-small", stage / "recall"), ("hybrid-small", stage / "curve")]
+    assert calls == [("hybrid-small", stage / "recall", tmp_path / "ev" / "recall" / "small"),
+                     ("hybrid-small", stage / "curve")]
     with pytest.raises(SystemExit) as exit_:
         evidence.main(["--stage", "hybrid", "--budget", "huge", "--out", str(tmp_path / "ev")])
     assert exit_.value.code == 2 and "invalid choice" in capsys.readouterr().err
@@ -103,3 +108,55 @@ def test_the_hybrids_curve_sets_the_curve_stages_models_beside_its_own():
     alone = summarise("hybrid-small", *args)
     assert "reference" not in alone and not any("transformer" in c for p in alone["orderings"]
                                                 for c in alone["orderings"][p])
+
+
+def test_the_shared_runs_are_the_transformers_trials_and_l4_seeds():
+    for name in ("tiny", "small", "full"):
+        b = RECALL_BUDGETS[name]
+        expected = [f"select/transformer/L4/lr{lr:g}" for lr in b.lrs] + [
+            f"runs/transformer/L4/seed{s}" for s in range(3)]
+        assert recall_module.shared_runs(f"hybrid-{name}") == expected
+        assert recall_module.shared_runs(name) == []
+
+
+def fake_recall_job(calls):
+    """A recall job that trains nothing: its accuracy says which stage ran it."""
+    def job(budget_name, name, depth, seed, lr, steps, folder):
+        calls.append((budget_name, folder.rsplit("/", 4)[-4:]))
+        cfg = recall_module.model_config(RECALL_BUDGETS[budget_name], name, depth)
+        own = 0.25 if budget_name.startswith("hybrid") else 0.5
+        return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
+                "config": cfg.to_dict(), "accuracy": own + lr, "loss": 1.0 - lr,
+                "accuracy_by_offset": {}, "curve": [], "s_per_step": 0.1}
+    return job
+
+
+def test_the_hybrid_stage_reads_the_recall_stages_shared_runs(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(recall_module, "recall_job", fake_recall_job(calls))
+    reference = tmp_path / "recall" / "tiny"
+    recall_module.run_recall("tiny", reference)
+    calls.clear()
+    summary = recall_module.run_recall("hybrid-tiny", tmp_path / "hybrid", reference=reference)
+    trained = {"/".join(folder) for _, folder in calls}
+    shared = set(recall_module.shared_runs("hybrid-tiny"))
+    every = set(recall_module.run_specs(RECALL_BUDGETS["hybrid-tiny"]))
+    assert trained == every - shared and len(shared) == 5
+    assert summary["borrowed"] == {"from": str(reference), "runs": sorted(shared)}
+    transformer = summary["models"]["transformer"]
+    assert transformer["depths"]["4"]["per_seed"] == [0.5 + transformer["lr"]] * 3
+    assert transformer["depths"]["8"]["per_seed"] == [0.25 + transformer["lr"]] * 3
+    assert "read from" in recall_module.recall_markdown(summary)
+    # A reference run trained with another model config is not the same run: trained here.
+    path = reference / "runs" / "transformer" / "L4" / "seed1" / "result.json"
+    result = json.loads(path.read_text())
+    path.write_text(json.dumps({**result, "config": {**result["config"], "d_model": 8}}))
+    calls.clear()
+    again = recall_module.run_recall("hybrid-tiny", tmp_path / "hybrid2", reference=reference)
+    assert sorted(again["borrowed"]["runs"]) == sorted(shared - {"runs/transformer/L4/seed1"})
+    assert ("hybrid-tiny", ["runs", "transformer", "L4", "seed1"]) in calls
+    # Without a reference (or before the recall stage has run) the hybrid trains them all.
+    calls.clear()
+    alone = recall_module.run_recall("hybrid-tiny", tmp_path / "hybrid3",
+                                     reference=tmp_path / "nothing")
+    assert "borrowed" not in alone and len(calls) == len(every)

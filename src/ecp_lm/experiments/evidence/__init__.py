@@ -22,8 +22,8 @@ budgets, each stage in about an hour or less on a 2-core CPU (the README gives t
   relay the path the answer takes?
 - ``hybrid``: ECP as the local layer of a hybrid, three local layers and one global: ecp, both
   sliding windows and block_local as the local layer, on recall at L = 4 and 8 (against the
-  transformer) and on the curve (beside the curve stage's models, run it first), seeds as
-  above.
+  transformer, whose runs at L = 4 are the recall stage's: run it first) and on the curve
+  (beside the curve stage's models, run it first), seeds as above.
 
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``; ``--plan`` (the
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         name = f"hybrid-{args.budget}"
         summary = recall.run_recall(name, out / "recall", args.jobs, args.threads,
-                                    not args.quiet)
+                                    not args.quiet, out.parent.parent / "recall" / args.budget)
         print(recall.recall_markdown(summary))
         pure = out.parent.parent / "curve" / args.budget / "curve.json"
         summary = curve.run_curve(name, out / "curve", args.jobs, threads, not args.quiet,

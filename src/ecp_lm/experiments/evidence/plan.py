@@ -4,8 +4,8 @@ A stage's work is its training steps: for each model, the learning-rate trials a
 runs (on the curve, one stable run per seed plus its decay branches; for dropout, each rate
 apart). One training step of each model at the stage's size and batch is timed here
 (``bench.core.step_seconds``), and the plan is the steps times the step time, spread over
-``--jobs`` runs at once. Evaluation is not counted;
-the report says how long a stage really took.
+``--jobs`` runs at once. Evaluation is not counted, nor the hybrid stage's runs that it reads
+from the recall stage (``recall.shared_runs``); the report says how long a stage really took.
 """
 
 from __future__ import annotations
@@ -40,18 +40,24 @@ def curve_work(budget_name: str) -> list[Work]:
 
 
 def recall_work(budget_name: str) -> list[Work]:
-    from ecp_lm.experiments.evidence.recall import RECALL_BUDGETS, model_config
+    from ecp_lm.experiments.evidence.recall import (
+        RECALL_BUDGETS,
+        model_config,
+        run_specs,
+        shared_runs,
+    )
     from ecp_lm.experiments.mqar.budgets import BUDGETS
 
     b = RECALL_BUDGETS[budget_name]
     batch = BUDGETS[b.mqar].train.batch_size
-    out = []
-    for m in b.models:
-        for depth in sorted({*b.depths, b.select_depth}):
-            steps = b.seeds * b.steps * (depth in b.depths) + \
-                len(b.lrs) * b.select_steps * (depth == b.select_depth)
-            out.append(Work(f"{m} L{depth}", model_config(b, m, depth), batch, steps))
-    return out
+    shared = set(shared_runs(budget_name))
+    steps: dict[tuple[str, int], int] = {}
+    for key, (_, m, depth, _, _, n) in run_specs(b).items():
+        if key not in shared:
+            steps[m, depth] = steps.get((m, depth), 0) + n
+    return [Work(f"{m} L{depth}", model_config(b, m, depth), batch, n)
+            for (m, depth), n in sorted(steps.items(), key=lambda item: (
+                b.models.index(item[0][0]), item[0][1]))]
 
 
 def dropout_work(budget_name: str) -> list[Work]:
@@ -110,4 +116,8 @@ def plan_markdown(p: dict[str, Any]) -> str:
     lines += [f"| {r['model']} | {r['steps']:,} | {r['step_s']:.3f} | {r['hours']:.2f} |"
               for r in p["rows"]]
     lines += ["", f"About {p['hours']:.1f} hours at {p['jobs']} job(s) at once."]
+    if p["stage"] == "hybrid":
+        lines[-1] += (" Not counted: the transformer's runs that the recall stage trains too (its "
+                      "trials and its seeds at L = 4), read from there where they have finished "
+                      "(run `--stage recall` first).")
     return "\n".join(lines) + "\n"

@@ -12,10 +12,16 @@ block_local and the transformer.
 The report gives the final accuracy, mean ± half the range over the seeds, per depth, with each
 model's attention cost three ways at the task's size, and calls an ordering only where the
 seeds' ranges do not overlap.
+
+The hybrid stage runs this on its own budget (``hybrid-<size>``), whose transformer trains the
+very runs the recall stage's budget of that size does (its trials and its seeds at L = 4): those
+are read from the recall stage's folder where they have finished there (``shared_runs``), not
+trained again.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -98,36 +104,89 @@ def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, st
             "s_per_step": result["s_per_step"]}
 
 
+def run_name(kind: str, model: str, depth: int, seed: int, lr: float | None = None) -> str:
+    return f"{kind}/{model}/L{depth}/" + (f"lr{lr:g}" if lr is not None else f"seed{seed}")
+
+
+def run_specs(budget: RecallBudget) -> dict[str, tuple]:
+    """Every run of the budget by its folder name, with all that makes it that run: the task,
+    model, depth, seed, rate (for a seeds' run, the trials its rate is chosen from) and steps."""
+    trials = (budget.select_depth, budget.select_steps, budget.lrs)
+    specs = {}
+    for m in budget.models:
+        for lr in budget.lrs:
+            specs[run_name("select", m, budget.select_depth, 0, lr)] = (
+                budget.mqar, m, budget.select_depth, 0, lr, budget.select_steps)
+        for d in budget.depths:
+            for s in range(budget.seeds):
+                specs[run_name("runs", m, d, s)] = (budget.mqar, m, d, s, trials, budget.steps)
+    return specs
+
+
+def shared_runs(budget_name: str) -> list[str]:
+    """The runs of a hybrid budget that the recall stage's budget of the same size trains too,
+    the same in everything (the transformer's trials and its seeds at L = 4); none for another
+    budget."""
+    if not budget_name.startswith("hybrid-"):
+        return []
+    base = run_specs(RECALL_BUDGETS[budget_name.removeprefix("hybrid-")])
+    return [key for key, spec in run_specs(RECALL_BUDGETS[budget_name]).items()
+            if base.get(key) == spec]
+
+
+def borrowed_runs(budget_name: str, reference: Path) -> dict[str, dict[str, Any]]:
+    """The shared runs (``shared_runs``) that have finished in the recall stage's folder
+    ``reference``, by name: each only if it was trained with this budget's model config."""
+    budget = RECALL_BUDGETS[budget_name]
+    specs = run_specs(budget)
+    borrowed = {}
+    for key in shared_runs(budget_name):
+        path = reference / key / "result.json"
+        if path.exists():
+            result = json.loads(path.read_text())
+            _, model, depth, *_ = specs[key]
+            config = json.loads(json.dumps(model_config(budget, model, depth).to_dict()))
+            if result["config"] == config:
+                borrowed[key] = result
+    return borrowed
+
+
 def chosen_lr(trials: list[dict[str, Any]]) -> float:
     return min(trials, key=lambda t: (-t["accuracy"], t["loss"], t["lr"]))["lr"]
 
 
 def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
-               progress: bool = False) -> dict[str, Any]:
+               progress: bool = False, reference: Path | None = None) -> dict[str, Any]:
     """The stage: learning-rate trials, then every model's seeds at every depth, then the
-    summary (``recall.json``, ``recall.md``)."""
+    summary (``recall.json``, ``recall.md``). ``reference``: the recall stage's folder at this
+    size, whose finished runs shared with this budget are read instead of trained
+    (``borrowed_runs``)."""
     from ecp_lm.fsutil import write_bytes_atomic
 
     budget = RECALL_BUDGETS[budget_name]
     threads = threads or budget.threads
+    borrowed = borrowed_runs(budget_name, reference) if reference is not None else {}
 
-    def name(kind: str, m: str, depth: int, seed: int, lr: float | None = None) -> str:
-        return f"{kind}/{m}/L{depth}/" + (f"lr{lr:g}" if lr is not None else f"seed{seed}")
+    def run(jobs_: list[Job], **kwargs: Any) -> dict[str, dict[str, Any]]:
+        own = run_jobs([j for j in jobs_ if j.name not in borrowed], out, jobs, threads,
+                       progress, **kwargs)
+        return {j.name: borrowed.get(j.name) or own[j.name] for j in jobs_}
 
-    select = [(m, lr, name("select", m, budget.select_depth, 0, lr))
+    select = [(m, lr, run_name("select", m, budget.select_depth, 0, lr))
               for m in budget.models for lr in budget.lrs]
-    trials = run_jobs([Job(key, recall_job, (budget_name, m, budget.select_depth, 0, lr,
-                                             budget.select_steps, str(out / key)))
-                       for m, lr, key in select], out, jobs, threads, progress)
+    trials = run([Job(key, recall_job, (budget_name, m, budget.select_depth, 0, lr,
+                                        budget.select_steps, str(out / key)))
+                  for m, lr, key in select])
     lrs = {m: chosen_lr([trials[key] for m2, _, key in select if m2 == m])
            for m in budget.models}
-    runs = [(m, d, s, name("runs", m, d, s)) for m in budget.models for d in budget.depths
-            for s in range(budget.seeds)]
-    results = run_jobs([Job(key, recall_job, (budget_name, m, d, s, lrs[m], budget.steps,
-                                              str(out / key)))
-                        for m, d, s, key in runs], out, jobs, threads, progress,
-                       check=lambda kept: check_rates(kept, lrs, out))
+    runs = [(m, d, s, run_name("runs", m, d, s)) for m in budget.models
+            for d in budget.depths for s in range(budget.seeds)]
+    results = run([Job(key, recall_job, (budget_name, m, d, s, lrs[m], budget.steps,
+                                         str(out / key))) for m, d, s, key in runs],
+                  check=lambda kept: check_rates(kept, lrs, out))
     summary = summarise(budget_name, budget, trials, lrs, results)
+    if borrowed:
+        summary["borrowed"] = {"from": str(reference), "runs": sorted(borrowed)}
     write_json(out / "recall.json", summary)
     write_bytes_atomic(out / "recall.md", recall_markdown(summary).encode())
     return summary
@@ -185,4 +244,10 @@ def recall_markdown(summary: dict[str, Any]) -> str:
               "listed is not separated):", ""]
     for d, calls in summary["orderings"].items():
         lines.append(f"- L = {d}: {', '.join(calls) if calls else 'none'}")
+    if "borrowed" in summary:
+        runs = summary["borrowed"]["runs"]
+        lines += ["", f"{len(runs)} of these runs are the recall stage's own, the same runs (task, "
+                  "model, depth, seed, rate and steps), read from "
+                  f"`{summary['borrowed']['from']}` rather than trained again (their step "
+                  "times too): " + ", ".join(f"`{key}`" for key in runs) + "."]
     return "\n".join(lines) + "\n"
