@@ -90,7 +90,8 @@ class ModelConfig:
     """The output head shares its weight with the token embedding."""
     attn_impl: str = "auto"
     """The attention kernel, named by what runs: ``auto`` (the fastest exact kernel that can run
-    each call), ``native`` (the C++ band kernel: CPU, no dropout; ecp and the local baselines),
+    each call), ``native`` (the C++ band kernel: CPU, dropout eagerly only; ecp and the local
+    baselines),
     ``flash`` (PyTorch's fused SDPA kernels, no mask tensor: for ecp two flash calls, over each
     segment and over its previous segment, merged by log-sum-exp (CPU, no dropout); for the
     others unmasked or causal fused SDPA calls, over the whole window or batched over blocks,

@@ -22,7 +22,7 @@ from ecp_lm.model.cache import KVCache, decode_span
 from ecp_lm.model.context_parallel import ContextGroup
 from ecp_lm.model.kernels import choose_kernel
 from ecp_lm.model.kernels.flex import flex_attention_from_mask
-from ecp_lm.model.kernels.native import decode_linear
+from ecp_lm.model.kernels.native import decode_linear, dropout
 from ecp_lm.model.kernels.sdpa import cached_attention, reference_attention
 from ecp_lm.model.loss import linear_cross_entropy
 from ecp_lm.model.rope import RotaryEmbedding, Rotation, Rotations, rotate, rotation_tail
@@ -137,13 +137,21 @@ class Attention(nn.Module):
         return self._merge(out, decode_linear)  # (B, 1, d)
 
 
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose training masks on CPU come from the native kernel's hash
+    (``native.dropout``; elsewhere, or compiled, ``F.dropout``)."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return dropout(x, self.p) if self.training and self.p > 0.0 else x
+
+
 class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.up = nn.Linear(cfg.d_model, cfg.ff_mult * cfg.d_model)
         self.act = nn.GELU()
         self.down = nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, linear=nn.Linear.__call__) -> Tensor:
         return self.dropout(linear(self.down, self.act(linear(self.up, x))))
@@ -162,7 +170,7 @@ class Block(nn.Module):
         self.attn = Attention(cfg, arch, rope)
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.ff = FeedForward(cfg)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.compress = arch.compression(layer)
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
@@ -192,7 +200,7 @@ class LanguageModel(nn.Module):
         self.cfg = cfg = cfg.resolved()  # the sizes this model has, every one concrete
         self.arch = architecture(cfg.arch)(cfg)
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         # Layer i attends with arch.layer(i) (a hybrid's layers differ) and rotates with the
         # base arch.rope_base(i) (None: no RoPE); one RotaryEmbedding per base, shared.
         bases = [self.arch.rope_base(i) for i in range(cfg.n_layers)]

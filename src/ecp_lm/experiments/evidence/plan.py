@@ -68,8 +68,8 @@ def dropout_work(budget_name: str) -> list[Work]:
         steps_per_epoch,
     )
 
-    # Each rate is timed at itself: with dropout the attention runs a slower kernel (the
-    # native and flash ones have none), so one step at dropout 0 undercounts the others.
+    # Each rate is timed at itself: a step with dropout draws its masks and costs more than
+    # one at dropout 0, which would undercount the others.
     b = DROPOUT_BUDGETS[budget_name]
     steps = b.seeds * b.epochs * steps_per_epoch(b)
     return [Work(f"{arch} dropout {p:g}",

@@ -14,6 +14,7 @@ The kernels themselves, and the choice of the one that runs a call, are in ``mod
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import Any, ClassVar, Protocol
 
 import torch
@@ -91,7 +92,8 @@ class Architecture:
 
     mask: Mask
     kernels: ClassVar[tuple[str, ...]] = ()
-    """This architecture's own fast kernels, fastest first (besides ``reference`` and ``flex``)."""
+    """This architecture's own fast kernels, fastest first (besides ``reference`` and ``flex``);
+    ``auto_kernels`` may order them otherwise for a call with dropout."""
     flex_on_cuda: ClassVar[bool] = False
     """Whether ``auto`` prefers FlexAttention (the predicate, compiled) on CUDA when there is no
     dropout, before the architecture's own kernels."""
@@ -221,6 +223,11 @@ class Architecture:
         raise NotImplementedError
 
     # Kernels --------------------------------------------------------------------------------------
+    def auto_kernels(self, dropout_p: float) -> tuple[str, ...]:
+        """The order in which ``attn_impl="auto"`` tries this architecture's kernels for a call
+        with dropout ``dropout_p``: ``kernels``."""
+        return self.kernels
+
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         """Why this architecture's own ``kernel`` cannot run a call that the kernel itself could
         (None: it can); ``model.kernels.kernel_problem`` checks the kernel first."""
@@ -350,7 +357,8 @@ class BandArchitecture(Architecture):
         # The native band kernel runs any band: one call per group of heads sharing a rule.
         # Patterns with portable kernels (flash, mask) run those in their own ``attend``.
         if kernel == "native":
-            return self.per_head_rule(native.band_attention, q, k, v)
+            return self.per_head_rule(partial(native.band_attention, dropout_p=dropout_p), q, k,
+                                      v)
         raise NotImplementedError(f"arch={self.cfg.arch!r} has no {kernel!r} kernel")
 
     def per_head_rule(self, fn: Callable[[Tensor, Tensor, Tensor, BandRule], Tensor], q: Tensor,

@@ -58,7 +58,7 @@ class ECP(SegmentedBand):
                kernel: str) -> Tensor:
         # q, k, v: (B, H, T, D), T rows from the start of a segment.
         if kernel == "native":
-            return native.band_attention(q, k, v, self.band_rules()[0][1])
+            return native.band_attention(q, k, v, self.band_rules()[0][1], dropout_p=dropout_p)
         return segment_pair_attention(q, k, v, self.segment_len, dropout_p, kernel)
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:

@@ -6,7 +6,7 @@ one that runs a call.
 - ``flex``: FlexAttention with the predicate as ``mask_mod``, compiled once for every length,
   its block mask from the band rules where there are some (flex.py; the forward anywhere torch
   compiles it, the backward only on CUDA; no dropout).
-- ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64, no dropout).
+- ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64; dropout eagerly).
 - ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
   batched over blocks, or merged by log-sum-exp); sdpa.py, segment_lse.py.
 - ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
@@ -39,7 +39,7 @@ def choose_kernel(arch: Architecture, impl: str, q: Tensor, dropout_p: float,
     if impl == "auto":
         if q.is_cuda and arch.flex_on_cuda and dropout_p == 0.0:
             return "flex"
-        for kernel in arch.kernels:
+        for kernel in arch.auto_kernels(dropout_p):
             if kernel_problem(arch, kernel, q, dropout_p, needs_backward) is None:
                 return kernel
         return "reference"
@@ -67,8 +67,9 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
     if kernel == "native":
         if q.device.type != "cpu":
             return f"the native kernel runs on CPU, not {q.device.type}"
-        if dropout_p > 0.0:
-            return "the native kernel has no dropout (dropout > 0 in training)"
+        if not native.dropout_traces(dropout_p):
+            return ("the native kernel's dropout runs eagerly only, not under torch.compile "
+                    "(dropout > 0 in training)")
         if q.dtype not in native.DTYPES:
             return (f"the native kernel computes in float32 or float64 (bfloat16 widened to "
                     f"float32), not {q.dtype}")

@@ -166,11 +166,11 @@ def _register_python_parts() -> None:
     forward = f"{_OPS}::band_attention_forward"
 
     @torch.library.register_fake(forward)
-    def _(q, k, v, period, shift, back, block):
+    def _(q, k, v, period, shift, back, block, dropout_p=0.0, seed=0):
         return torch.empty_like(q), q.new_empty(q.shape[:2])
 
     @torch.library.register_fake(f"{_OPS}::band_attention_backward")
-    def _(grad, q, k, v, out, lse, period, shift, back, block):
+    def _(grad, q, k, v, out, lse, period, shift, back, block, dropout_p=0.0, seed=0):
         return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     @torch.library.register_fake(f"{_OPS}::linear_rows")
@@ -192,14 +192,69 @@ def _register_python_parts() -> None:
         ops = getattr(torch.ops, _OPS)
         dq, dk, dv = ops.band_attention_backward(grad.contiguous(), q, k, v, out, lse,
                                                  *ctx.rule_and_block)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, *[None] * len(ctx.rule_and_block)
 
     torch.library.register_autograd(forward, backward, setup_context=setup_context)
+
+    dropout = f"{_OPS}::hash_dropout"
+
+    @torch.library.register_fake(dropout)
+    def _(x, dropout_p, seed):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+    def setup_dropout(ctx, inputs, output):
+        _, ctx.dropout_p, ctx.seed = inputs
+
+    def dropout_backward(ctx, grad):  # d(x * mask / (1 - p)) = grad * mask / (1 - p)
+        ops = getattr(torch.ops, _OPS)
+        return ops.hash_dropout(grad, ctx.dropout_p, ctx.seed), None, None
+
+    torch.library.register_autograd(dropout, dropout_backward, setup_context=setup_dropout)
 
 
 def supports(q: Tensor, dropout_p: float = 0.0) -> bool:
     """Whether the native kernel can run this call (and has been built)."""
-    return q.device.type == "cpu" and q.dtype in DTYPES and dropout_p == 0.0 and load()
+    return (q.device.type == "cpu" and q.dtype in DTYPES and dropout_traces(dropout_p)
+            and load())
+
+
+def dropout_traces(dropout_p: float) -> bool:
+    """Whether a call with this dropout can run natively here: always eagerly; under
+    torch.compile only without dropout (its seed is drawn eagerly, see ``band_attention``)."""
+    return dropout_p == 0.0 or not torch.compiler.is_compiling()
+
+
+def _seed() -> int:
+    """A dropout call's seed, from torch's CPU generator (``torch.manual_seed`` repeats it, and
+    activation checkpointing's recomputation, which restores the generator, draws it again)."""
+    return int(torch.randint(2**62, ()))
+
+
+_dropout_kernel = True
+
+
+@contextlib.contextmanager
+def library_dropout() -> Iterator[None]:
+    """Within the block, ``dropout`` runs ``F.dropout`` (torch's bernoulli masks) instead of
+    ``hash_dropout``: what training ran on before it (``benchmarks/dropout.py`` compares)."""
+    global _dropout_kernel
+    before, _dropout_kernel = _dropout_kernel, False
+    try:
+        yield
+    finally:
+        _dropout_kernel = before
+
+
+def dropout(x: Tensor, p: float) -> Tensor:
+    """Training dropout of ``x``: each element zeroed with probability p (in steps of 2^-32) or
+    scaled by 1 / (1 - p). On CPU in float32/float64 eagerly, the native ``hash_dropout``, whose
+    mask is a hash of a seed drawn for the call and each element's index (the backward
+    regenerates it, nothing stored; about an order of magnitude faster than torch's CPU
+    bernoulli); anywhere else ``F.dropout``."""
+    if (p > 0.0 and _dropout_kernel and x.device.type == "cpu" and x.dtype in DTYPES[:2]
+            and not torch.compiler.is_compiling() and load()):
+        return getattr(torch.ops, _OPS).hash_dropout(x, float(p), _seed())
+    return torch.nn.functional.dropout(x, p, training=True)
 
 
 @torch.compiler.assume_constant_result  # plain integer arithmetic; torch.compile calls it
@@ -227,12 +282,17 @@ def default_block(rule: tuple[int, int, int]) -> int:
 
 
 def band_attention(q: Tensor, k: Tensor, v: Tensor, rule: tuple[int, int, int],
-                   block: int | None = None) -> Tensor:
+                   block: int | None = None, dropout_p: float = 0.0) -> Tensor:
     """q, k, v (B, H, T, D) -> (B, H, T, D): row t attends to the keys lo(t) .. t, where
     lo(t) = max(0, floor((t + shift) / period) · period − shift − back) for the band rule
     ``rule = (period, shift, back)``; ``block`` query rows per work item (None: a default for the
     rule, see ``default_block``). float32 and float64 run as they are; bfloat16 inputs are
-    widened to float32 and the output rounded back (``WIDENED``)."""
+    widened to float32 and the output rounded back (``WIDENED``).
+
+    ``dropout_p`` > 0: attention dropout, each probability zeroed with probability p (in steps
+    of 2^-32) or scaled by 1 / (1 - p). Its mask is a hash of a seed drawn from torch's CPU
+    generator for each call (so ``torch.manual_seed`` repeats it) and of each entry's
+    coordinates; the backward regenerates it."""
     b, h, t, d = q.shape
     dtype = q.dtype
     if dtype in WIDENED:  # bfloat16 (CPU autocast): accumulate in float32
@@ -240,7 +300,9 @@ def band_attention(q: Tensor, k: Tensor, v: Tensor, rule: tuple[int, int, int],
     period, shift, back = (int(x) for x in rule)
     block = default_block((period, shift, back)) if block is None else block
     flat = [x.reshape(b * h, t, d).contiguous() for x in (q, k, v)]
-    out, _ = getattr(torch.ops, _OPS).band_attention_forward(*flat, period, shift, back, block)
+    seed = _seed() if dropout_p > 0.0 else 0
+    out, _ = getattr(torch.ops, _OPS).band_attention_forward(*flat, period, shift, back, block,
+                                                             float(dropout_p), seed)
     return out.reshape(b, h, t, d).to(dtype)
 
 

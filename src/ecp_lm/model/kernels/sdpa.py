@@ -7,7 +7,7 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
 - ``causal_attention``: lower-right aligned causal (query i sees keys 0 .. Rk - Rq + i). SDPA's
   ``is_causal`` is upper-left aligned, so it is only used when Rq == Rk.
 - ``segment_pair_attention``: ECP. Each segment's m queries attend to [previous segment, own
-  segment], batched over segments: O(T·2m), never T×T. Three exact kernels: ``native`` (CPU, no
+  segment], batched over segments: O(T·2m), never T×T. Three exact kernels: ``native`` (CPU, with
   dropout; the band kernel of native.py, ~1.5·m² entries per segment), ``flash`` (CPU, no dropout:
   two flash calls merged by log-sum-exp, segment_lse.py) and ``mask`` (any device: one SDPA call
   with a static (m, 2m) mask, batched over segments).
@@ -84,7 +84,7 @@ def segment_pair_attention(q: Tensor, k: Tensor, v: Tensor, segment_len: int,
         else:
             kernel = "mask"
     if kernel == "native":  # ~1.5·m² per segment instead of 2·m²
-        return native.band_attention(q, k, v, (m, 0, m))
+        return native.band_attention(q, k, v, (m, 0, m), dropout_p=dropout_p)
     if kernel == "mask":
         return paired_blocks_attention(q, k, v, m, segment_pair_mask(m, q.device), dropout_p)
     b, n_heads, t, d = q.shape

@@ -16,6 +16,12 @@
 // one buffer, so the softmax is exact in one pass, without the running rescaling of a flash
 // kernel.
 //
+// Dropout (training): each probability is kept with probability 1 - p and scaled by 1 / (1 - p),
+// or zeroed. Whether entry (row, col) of batch-head b is kept is a counter-based hash of the
+// call's seed and the entry's coordinates (the splitmix64 sequence at index (b T + row) T + col),
+// so the backward pass regenerates the forward's mask instead of storing it, and the mask does
+// not depend on how the work is split into blocks or threads. p is applied in steps of 2^-32.
+//
 // Layout: q, k, v, out (BH, T, D) contiguous, any T; lse (BH, T), all of one dtype.
 // The backward pass cuts the rows into chunks of C rows (whole blocks) and runs the even chunks,
 // then the odd ones. A chunk [x, x + C) writes the key gradients of rows lo(x) .. x + C - 1
@@ -113,6 +119,35 @@ T row_sum(const T* x, int n) {
   return sum;
 }
 
+// Dropout of one call: entries whose hash falls below `threshold` (p * 2^32) are zeroed, the
+// others scaled by `scale` = 1 / (1 - threshold / 2^32). threshold 0: no dropout.
+struct Dropout {
+  uint64_t seed = 0;
+  uint64_t threshold = 0;
+  double scale = 1.0;
+  bool on() const { return threshold > 0; }
+  bool kept(int64_t b, int64_t n, int64_t row, int64_t col) const {
+    return kept(static_cast<uint64_t>(b * n + row) * static_cast<uint64_t>(n) +
+                static_cast<uint64_t>(col));
+  }
+  bool kept(uint64_t index) const {  // the splitmix64 sequence's output number `index`
+    uint64_t x = seed + index * 0x9E3779B97F4A7C15ull;
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return (x >> 32) >= threshold;
+  }
+};
+
+Dropout make_dropout(double p, int64_t seed) {
+  TORCH_CHECK(p >= 0.0 && p < 1.0, "dropout_p must be in [0, 1), got ", p);
+  Dropout drop;
+  drop.seed = static_cast<uint64_t>(seed);
+  drop.threshold = static_cast<uint64_t>(std::llround(p * 4294967296.0));
+  drop.scale = 4294967296.0 / (4294967296.0 - static_cast<double>(drop.threshold));
+  return drop;
+}
+
 // Which keys each query row sees: lo(t) .. t.
 struct Rule {
   int64_t period, shift, back;
@@ -195,7 +230,7 @@ std::pair<Rule, int64_t> check_inputs(const at::Tensor& q, const at::Tensor& k,
 
 template <typename T>
 void forward_kernel(const T* q, const T* k, const T* v, T* out, T* lse, int64_t bh,
-                    int64_t n, int64_t d, const Rule& rule, int64_t block) {
+                    int64_t n, int64_t d, const Rule& rule, int64_t block, const Dropout& drop) {
   const int64_t tiles = (n + block - 1) / block;
   const size_t size = static_cast<size_t>(buffer_size(rule, n, block));
   const T scale = T(1) / std::sqrt(static_cast<T>(d));
@@ -218,6 +253,11 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, T* lse, int64_t 
         std::fill(row, row + lo, T(0));
         std::fill(row + hi, row + t.keys, T(0));
         lse[b * n + t.q0 + i] = top + std::log(sums[i]);
+        if (drop.on()) {  // normalised by the sum of every entry, kept or not
+          const T keep = static_cast<T>(drop.scale);
+          for (int c = lo; c < hi; ++c)
+            row[c] = drop.kept(b, n, t.q0 + i, t.k0 + c) ? row[c] * keep : T(0);
+        }
       }
       T* o = out + (b * n + t.q0) * d;  // unnormalised P V, then each row divided by its sum
       gemm(false, false, t.rows, D, t.keys, T(1), p.data(), t.keys, vb, D, T(0), o, D);
@@ -232,7 +272,7 @@ void forward_kernel(const T* q, const T* k, const T* v, T* out, T* lse, int64_t 
 template <typename T>
 void backward_kernel(const T* grad, const T* q, const T* k, const T* v, const T* out,
                      const T* lse, T* dq, T* dk, T* dv, int64_t bh, int64_t n, int64_t d,
-                     const Rule& rule, int64_t block) {
+                     const Rule& rule, int64_t block, const Dropout& drop) {
   const int64_t chunk = chunk_length(rule, n, block), chunks = (n + chunk - 1) / chunk;
   const int64_t tiles_per_chunk = chunk / block;
   const size_t size = static_cast<size_t>(buffer_size(rule, n, block));
@@ -257,10 +297,19 @@ void backward_kernel(const T* grad, const T* q, const T* k, const T* v, const T*
             T* prow = p.data() + static_cast<int64_t>(i) * t.keys;
             T* srow = ds.data() + static_cast<int64_t>(i) * t.keys;
             const int lo = t.first(rule, i), hi = t.last(i) + 1;
-            T delta = 0;  // rowsum(dO * O) = rowsum(dP * P)
+            T delta = 0;  // rowsum(dO * O) = rowsum(dP * P), with or without dropout
             for (int c = 0; c < D; ++c) delta += gb[i * D + c] * ob[i * D + c];
             exp_shifted(prow + lo, prow + lo, hi - lo, lse[qrow + i]);
-            for (int c = lo; c < hi; ++c) srow[c] = prow[c] * (srow[c] - delta);
+            if (drop.on()) {  // dP = mask * dO V^T; P V's gradient dV takes the dropped P
+              const T keep = static_cast<T>(drop.scale);
+              for (int c = lo; c < hi; ++c) {
+                const T m = drop.kept(b, n, t.q0 + i, t.k0 + c) ? keep : T(0);
+                srow[c] = prow[c] * (srow[c] * m - delta);
+                prow[c] *= m;
+              }
+            } else {
+              for (int c = lo; c < hi; ++c) srow[c] = prow[c] * (srow[c] - delta);
+            }
             std::fill(prow, prow + lo, T(0));
             std::fill(srow, srow + lo, T(0));
             std::fill(prow + hi, prow + t.keys, T(0));
@@ -282,8 +331,10 @@ std::tuple<at::Tensor, at::Tensor> band_attention_forward(const at::Tensor& q,
                                                           const at::Tensor& k,
                                                           const at::Tensor& v, int64_t period,
                                                           int64_t shift, int64_t back,
-                                                          int64_t block) {
+                                                          int64_t block, double dropout_p,
+                                                          int64_t seed) {
   const auto checked = check_inputs(q, k, v, period, shift, back, block);
+  const Dropout drop = make_dropout(dropout_p, seed);
   const Rule rule = checked.first;
   const int64_t rows = checked.second;
   const int64_t bh = q.size(0), n = q.size(1), d = q.size(2);
@@ -292,7 +343,7 @@ std::tuple<at::Tensor, at::Tensor> band_attention_forward(const at::Tensor& q,
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "band_attention_forward", [&] {
     forward_kernel<scalar_t>(q.data_ptr<scalar_t>(), k.data_ptr<scalar_t>(),
                              v.data_ptr<scalar_t>(), out.data_ptr<scalar_t>(),
-                             lse.data_ptr<scalar_t>(), bh, n, d, rule, rows);
+                             lse.data_ptr<scalar_t>(), bh, n, d, rule, rows, drop);
   });
   return {out, lse};
 }
@@ -300,8 +351,9 @@ std::tuple<at::Tensor, at::Tensor> band_attention_forward(const at::Tensor& q,
 std::tuple<at::Tensor, at::Tensor, at::Tensor> band_attention_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& out, const at::Tensor& lse, int64_t period, int64_t shift, int64_t back,
-    int64_t block) {
+    int64_t block, double dropout_p, int64_t seed) {
   const auto checked = check_inputs(q, k, v, period, shift, back, block);
+  const Dropout drop = make_dropout(dropout_p, seed);
   const Rule rule = checked.first;
   const int64_t rows = checked.second;
   TORCH_CHECK(grad.sizes() == q.sizes() && out.sizes() == q.sizes(),
@@ -321,21 +373,46 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> band_attention_backward(
                               k.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
                               out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
                               dq.data_ptr<scalar_t>(), dk.data_ptr<scalar_t>(),
-                              dv.data_ptr<scalar_t>(), bh, n, d, rule, rows);
+                              dv.data_ptr<scalar_t>(), bh, n, d, rule, rows, drop);
   });
   return {dq, dk, dv};
+}
+
+// Dropout of any tensor by the same hash, element i of its contiguous order kept or not:
+// x * mask / (1 - p). Its gradient is the same op on the output's gradient, with the same seed.
+at::Tensor hash_dropout(const at::Tensor& x, double dropout_p, int64_t seed) {
+  TORCH_CHECK(x.device().is_cpu(), "x must be a CPU tensor");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kDouble,
+              "only float32 and float64 are supported, got ", x.scalar_type());
+  const Dropout drop = make_dropout(dropout_p, seed);
+  const auto in = x.contiguous();
+  auto out = at::empty_like(in);
+  AT_DISPATCH_FLOATING_TYPES(in.scalar_type(), "hash_dropout", [&] {
+    const scalar_t* a = in.data_ptr<scalar_t>();
+    scalar_t* o = out.data_ptr<scalar_t>();
+    const scalar_t keep = static_cast<scalar_t>(drop.scale);
+    at::parallel_for(0, in.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i)
+        o[i] = drop.kept(static_cast<uint64_t>(i)) ? a[i] * keep : scalar_t(0);
+    });
+  });
+  return out;
 }
 
 }  // namespace
 
 TORCH_LIBRARY(ecp_lm_native, lib) {
   lib.def("band_attention_forward(Tensor q, Tensor k, Tensor v, int period, int shift, "
-          "int back, int block) -> (Tensor, Tensor)");
+          "int back, int block, float dropout_p=0., int seed=0) -> (Tensor, Tensor)");
   lib.def("band_attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor out, "
-          "Tensor lse, int period, int shift, int back, int block) -> (Tensor, Tensor, Tensor)");
+          "Tensor lse, int period, int shift, int back, int block, float dropout_p=0., "
+          "int seed=0) "
+          "-> (Tensor, Tensor, Tensor)");
+  lib.def("hash_dropout(Tensor x, float dropout_p, int seed) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(ecp_lm_native, CPU, lib) {
   lib.impl("band_attention_forward", &band_attention_forward);
   lib.impl("band_attention_backward", &band_attention_backward);
+  lib.impl("hash_dropout", &hash_dropout);
 }
