@@ -36,6 +36,7 @@ import torch
 from ecp_lm.bench.core import BenchSpec, step_seconds
 from ecp_lm.config import ModelConfig
 from ecp_lm.model.kernels import native
+from ecp_lm.runtime import torch_threads
 
 SIZE = dict(vocab_size=256, d_model=128, n_layers=4, n_heads=4, seq_len=256, num_segments=8)
 LIBRARY = {"ecp": "mask", "sliding_window": "mask"}
@@ -87,13 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     if not native.load():
         print("the native kernel is not built here: nothing to compare", file=sys.stderr)
         return 1
-    torch.set_num_threads(args.threads)
     spec = BenchSpec(batch_size=16, warmup=1, repeats=args.repeats)
     rows = {}
-    for arch in args.archs.split(","):
-        rows[arch] = measure(arch, args.p, args.rounds, spec)
-        print(f"{arch}: " + ", ".join(f"{k} {v:.3f} s" for k, v in rows[arch].items()),
-              file=sys.stderr, flush=True)
+    with torch_threads(args.threads):  # put back after: a caller's process goes on
+        for arch in args.archs.split(","):
+            rows[arch] = measure(arch, args.p, args.rounds, spec)
+            print(f"{arch}: " + ", ".join(f"{k} {v:.3f} s" for k, v in rows[arch].items()),
+                  file=sys.stderr, flush=True)
     print(table(rows, args.p))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

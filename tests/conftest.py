@@ -5,11 +5,25 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
 
 from ecp_lm.config import ARCHS
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+@pytest.fixture(autouse=True)
+def keeps_torch_threads():
+    """A test that leaves torch's CPU thread count changed fails (and the count is put back): the
+    tests after it would run their matrix products on another number of threads, whose sums round
+    otherwise, and a comparison with a child process (which starts on every core) would differ."""
+    before = torch.get_num_threads()
+    yield
+    after = torch.get_num_threads()
+    if after != before:
+        torch.set_num_threads(before)
+        pytest.fail(f"the test left torch's CPU thread count at {after} (it was {before})")
 
 
 @pytest.fixture(params=ARCHS)

@@ -147,14 +147,11 @@ def test_bench_decode_modes_report_the_bandwidth_floor(tmp_path, capsys, monkeyp
     out = tmp_path / "decode.json"
     d, layers, m, window = 32, 2, 16, 256
     threads = torch.get_num_threads()
-    try:
-        assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers",
-                         str(layers), "--n-heads", "2", "--segment-len", str(m),
-                         "--decode-lengths", "64", "--decode-window", str(window),
-                         "--threads", "1", "--json", str(out)]) == 0
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(threads)
+    assert cli_main(["bench", "--decode-only", "--d-model", str(d), "--n-layers",
+                     str(layers), "--n-heads", "2", "--segment-len", str(m),
+                     "--decode-lengths", "64", "--decode-window", str(window),
+                     "--threads", "1", "--json", str(out)]) == 0
+    assert torch.get_num_threads() == threads  # --threads held for the command only
     report = json.loads(out.read_text())
     assert report["train"] == []
     assert report["meta"]["threads"] == 1

@@ -72,8 +72,8 @@ def test_the_unit_is_tiled_over_the_layers_and_cut_at_the_end():
     (dict(layer_pattern="ecp,transformer", num_segments=5),
      r"layer_pattern='ecp,transformer', its ecp layers: seq_len=32 is not divisible by "
      r"num_segments=5"),
-    (dict(layer_pattern="ecp,transformer", attn_impl="native"),
-     r"its transformer layers: arch='transformer' has no attn_impl='native' kernel"),
+    (dict(layer_pattern="ecp,transformer", attn_impl="mask"),
+     r"its transformer layers: arch='transformer' has no attn_impl='mask' kernel"),
 ])
 def test_bad_patterns_are_refused_with_the_reason(fields, message):
     with pytest.raises(ValueError, match=message):

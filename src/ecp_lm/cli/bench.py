@@ -121,6 +121,13 @@ def check_arguments(args: argparse.Namespace) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ecp_lm.runtime import torch_threads
+
+    with torch_threads(args.threads):  # put back after: ``main`` may run in a caller's process
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     import torch
 
     from ecp_lm.bench import decode, training
@@ -140,8 +147,6 @@ def run(args: argparse.Namespace) -> int:
     spec = BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
                      args.batch_size, args.warmup, args.repeats, device,
                      args.compile, args.precision, args.threads)
-    if args.threads:
-        torch.set_num_threads(args.threads)
     if args.loss_memory:
         return _loss_memory(args, spec)
     patterns = list(dict.fromkeys(args.pattern))

@@ -51,8 +51,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from ecp_lm.evaluate.checkpoints import per_position_checkpoint
 from ecp_lm.experiments import one_line_errors
 from ecp_lm.experiments.long_context.budgets import (
@@ -205,13 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} {value} must be positive")
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    if args.scaling is not None:
-        for arch in args.scaling or [FULL_ATTENTION]:
-            run_scaling(args.budget, args.out, progress=not args.quiet, arch=arch)
-        return 0
-    summary = run_study(args.budget, args.out, progress=not args.quiet, jobs=args.jobs,
-                        threads=args.threads)
+    with torch_threads(args.threads):  # put back after: a caller's process goes on
+        if args.scaling is not None:
+            for arch in args.scaling or [FULL_ATTENTION]:
+                run_scaling(args.budget, args.out, progress=not args.quiet, arch=arch)
+            return 0
+        summary = run_study(args.budget, args.out, progress=not args.quiet, jobs=args.jobs,
+                            threads=args.threads)
     print(markdown(summary))
     return 0

@@ -62,6 +62,7 @@ from ecp_lm.experiments.mqar.report import markdown, write_plots
 from ecp_lm.experiments.mqar.train import train_mqar
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.outputs import output_folder
+from ecp_lm.runtime import torch_threads
 
 
 def run_one(budget: Budget, arch: str, depth: int, progress: bool = False) -> dict[str, Any]:
@@ -162,12 +163,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--depths must be positive")
     if args.steps is not None and args.steps < 1:
         parser.error(f"--steps {args.steps} must be positive")
-    threads = args.threads or BUDGETS[args.budget].threads
-    if threads is not None:
-        torch.set_num_threads(threads)
-    results = run_experiment(args.budget, args.out, tuple(args.archs) if args.archs else None,
-                             tuple(args.depths) if args.depths else None, args.steps,
-                             progress=not args.quiet)
+    with torch_threads(args.threads or BUDGETS[args.budget].threads):  # put back after
+        results = run_experiment(args.budget, args.out,
+                                 tuple(args.archs) if args.archs else None,
+                                 tuple(args.depths) if args.depths else None, args.steps,
+                                 progress=not args.quiet)
     if not args.quiet:
         print(f"wrote {Path(args.out) / 'results.md'} ({len(results)} runs)")
     return 0
