@@ -17,6 +17,7 @@ from ecp_lm.experiments.evidence import main
 from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS, MODELS
 from ecp_lm.plot import read_metrics
 from ecp_lm.run.config import RunConfig
+from helpers import committed_copy
 
 pytestmark = pytest.mark.integration
 
@@ -72,3 +73,8 @@ def test_tiny_curve_runs_every_step_and_resumes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(curve_module, "select_job", no_training)
     again = curve_module.run_curve("tiny", out)
     assert again == summary
+    # A new checkout of what a commit keeps (evidence/.gitignore: results, step times and
+    # reports, no checkpoints) trains nothing and writes the same summary.
+    committed_copy(tmp_path / "ev", tmp_path / "clone")
+    assert not list((tmp_path / "clone").rglob("*.safetensors"))
+    assert curve_module.run_curve("tiny", tmp_path / "clone" / "curve" / "tiny") == summary

@@ -21,6 +21,7 @@ from ecp_lm.experiments.evidence.dropout import (
     steps_per_epoch,
 )
 from ecp_lm.run.config import RunConfig
+from helpers import committed_copy
 
 pytestmark = pytest.mark.integration
 
@@ -66,3 +67,8 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
 
     monkeypatch.setattr(dropout_module, "dropout_job", no_training)
     assert dropout_module.run_dropout("tiny", out) == summary
+    # A new checkout of what a commit keeps (evidence/.gitignore: results and reports; no
+    # checkpoints, logs or corpus) trains nothing and writes the same summary.
+    committed_copy(tmp_path / "ev", tmp_path / "clone")
+    assert not (tmp_path / "clone" / "dropout" / "tiny" / "corpus").exists()
+    assert dropout_module.run_dropout("tiny", tmp_path / "clone" / "dropout" / "tiny") == summary

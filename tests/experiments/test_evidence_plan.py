@@ -60,3 +60,20 @@ def test_hours_are_steps_times_step_time_over_jobs(fixed_step, capsys):
     text = capsys.readouterr().out
     assert "| transformer dropout 0.2 | 48 | 16.000 | 0.21 |" in text
     assert "About 1.0 hours at 2 job" in text
+
+
+def test_all_runs_every_stage_after_the_stages_it_reads(fixed_step, tmp_path, monkeypatch,
+                                                         capsys):
+    calls = []
+    monkeypatch.setattr(evidence, "run_stage",
+                        lambda stage, args, out, threads: calls.append((stage, out)))
+    assert evidence.main(["--stage", "all", "--budget", "tiny", "--out", str(tmp_path / "ev"),
+                          "--quiet"]) == 0
+    order = ["recall", "relay", "curve", "dropout", "hybrid"]  # relay reads recall, hybrid both
+    assert calls == [(stage, tmp_path / "ev" / stage / "tiny") for stage in order]
+    # --plan: every stage's plan, one after another, in that order; nothing is written
+    assert evidence.main(["--stage", "all", "--budget", "tiny", "--plan", "--jobs", "2",
+                          "--out", str(tmp_path / "none")]) == 0
+    text = capsys.readouterr().out
+    heads = [text.index(f"`--stage {stage} --budget tiny`") for stage in order]
+    assert heads == sorted(heads) and not (tmp_path / "none").exists()

@@ -7,6 +7,7 @@ resumed stage that trains nothing."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import torch
 from safetensors.torch import load_file
@@ -19,6 +20,7 @@ from ecp_lm.experiments.evidence.recall import EVAL_SEED, MODELS, RECALL_BUDGETS
 from ecp_lm.experiments.mqar.budgets import BUDGETS
 from ecp_lm.experiments.mqar.task import mqar_batch
 from ecp_lm.experiments.mqar.train import evaluate
+from helpers import committed_copy
 
 
 def test_tiny_recall_stage(tmp_path, monkeypatch, capsys):
@@ -73,3 +75,41 @@ def test_tiny_recall_stage(tmp_path, monkeypatch, capsys):
             assert 0 <= cell["clean"]["mean"] <= 1 and 0 <= cell["path_replaced"]["mean"] <= 1
     assert main(["--stage", "relay", "--budget", "small", "--out", str(tmp_path / "ev")]) == 2
     assert "run --stage recall --budget small" in capsys.readouterr().err
+
+    # Each seed's run took the relay stage's measurements when it was trained; measured again
+    # from its kept weights (a result without them), the relay stage's tables are the same.
+    for folder in (out / "runs").glob("*/*/seed*"):
+        result = json.loads((folder / "result.json").read_text())
+        del result["relay"]
+        (folder / "result.json").write_text(json.dumps(result))
+    assert main(["--stage", "relay", "--budget", "tiny", "--out", str(tmp_path / "ev"),
+                 "--quiet"]) == 0
+    assert json.loads((tmp_path / "ev" / "relay" / "tiny" / "relay.json").read_text()) == relay
+
+
+def test_a_committed_recall_stage_goes_on_in_a_new_checkout(tmp_path, monkeypatch):
+    """What ``evidence/.gitignore`` lets a commit keep (results and reports, no weights and no
+    training state) is enough for a new checkout: the recall stage trains nothing again, and
+    the relay stage gives the tables it gave where the weights are."""
+    ev, clone = tmp_path / "ev", tmp_path / "clone"
+    budget = replace(RECALL_BUDGETS["tiny"], models=("ecp", "transformer"))
+    monkeypatch.setitem(RECALL_BUDGETS, "tiny", budget)
+    assert main(["--stage", "recall", "--budget", "tiny", "--out", str(ev), "--quiet"]) == 0
+    assert main(["--stage", "relay", "--budget", "tiny", "--out", str(ev), "--quiet"]) == 0
+    kept = committed_copy(ev, clone)
+    assert not [k for k in kept if not k.endswith((".json", ".md", ".gitignore", ".ecp-lm"))]
+    runs = len(budget.lrs) + len(budget.depths) * budget.seeds
+    assert sum(k.endswith("/result.json") for k in kept) == 2 * runs
+    assert not list(clone.rglob("*.safetensors")) and not list(clone.rglob("*.pt"))
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a committed run trained again")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(recall_module, "recall_job", no_training)
+        assert main(["--stage", "recall", "--budget", "tiny", "--out", str(clone),
+                     "--quiet"]) == 0
+    assert main(["--stage", "relay", "--budget", "tiny", "--out", str(clone), "--quiet"]) == 0
+    for stage, name in (("recall", "recall.json"), ("relay", "relay.json")):
+        assert (json.loads((clone / stage / "tiny" / name).read_text())
+                == json.loads((ev / stage / "tiny" / name).read_text()))

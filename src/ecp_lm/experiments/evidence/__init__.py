@@ -25,6 +25,11 @@ budgets, each stage in about an hour or less on a 2-core CPU (the README gives t
   transformer, whose runs at L = 4 are the recall stage's: run it first) and on the curve
   (beside the curve stage's models, run it first), seeds as above.
 
+``--stage all`` runs the five in the order they read each other: recall, relay, curve, dropout,
+hybrid. With ``--out evidence`` (the repository's folder for the ``full`` budgets), a commit
+keeps each finished run's result and the reports (``evidence/.gitignore``), so that a later
+checkout goes on where this one stopped.
+
 The models and their costs under each convention are in ``models.py``; the annealed branches
 in ``anneal.py``; the resumable worker pool of ``--jobs`` in ``jobs.py``; ``--plan`` (the
 training steps and the hours they take here, before anything runs) in ``plan.py``.
@@ -35,31 +40,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from pathlib import Path
 
 from ecp_lm.experiments import one_line_errors
 
-STAGES = ("curve", "recall", "relay", "dropout", "hybrid")
+STAGES = ("recall", "relay", "curve", "dropout", "hybrid")
+"""In the order ``--stage all`` runs them: each after the stages it reads."""
 BUDGETS = ("tiny", "small", "full")
 
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
-    from ecp_lm.experiments.evidence import curve, dropout, recall, relay
     from ecp_lm.outputs import output_folder
 
     parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
                                      description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", choices=STAGES, required=True,
+    parser.add_argument("--stage", choices=(*STAGES, "all"), required=True,
                         help="curve: the language scaling curve; recall: MQAR at L = 2, 4, 6; "
                              "relay: interventions on the recall stage's models (run recall "
                              "first); dropout: the overfitting regime; hybrid: ECP as the "
-                             "local layer of a hybrid")
+                             "local layer of a hybrid; all: the five, in that order: "
+                             + ", ".join(STAGES))
     parser.add_argument("--budget", choices=BUDGETS, default="small",
                         help="tiny: a few minutes, every code path (CI); small: a preview at "
                              "the study's sizes, each stage about an hour or less on a 2-core CPU; "
                              "full: the study's budgets (the curve to 1,200 steps, recall to "
                              "9,600), many hours, resumable")
-    parser.add_argument("--out", default="runs/evidence", help="stage folder (resumable)")
+    parser.add_argument("--out", default="runs/evidence",
+                        help="stage folder (resumable); the repository's `evidence` folder "
+                             "keeps the full budgets' results in git across checkouts")
     parser.add_argument("--jobs", type=int, default=1,
                         help="runs at once, each in its own process (default 1)")
     parser.add_argument("--threads", type=int, default=None,
@@ -76,19 +85,30 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--{name} {value} must be positive")
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
                                else None)
+    stages = STAGES if args.stage == "all" else (args.stage,)
     if args.plan:
         from ecp_lm.experiments.evidence.plan import plan, plan_markdown
 
-        print(plan_markdown(plan(args.stage, args.budget, args.jobs, threads)), end="")
+        print("\n".join(plan_markdown(plan(stage, args.budget, args.jobs, threads))
+                        for stage in stages), end="")
         return 0
-    out = output_folder(args.out, "evidence") / args.stage / args.budget
-    if args.stage == "curve":
+    root = output_folder(args.out, "evidence")
+    for stage in stages:
+        run_stage(stage, args, root / stage / args.budget, threads)
+    return 0
+
+
+def run_stage(stage: str, args: argparse.Namespace, out: Path, threads: int | None) -> None:
+    """One stage at ``args.budget`` in ``out`` (``ROOT/STAGE/BUDGET``); its report printed."""
+    from ecp_lm.experiments.evidence import curve, dropout, recall, relay
+
+    if stage == "curve":
         summary = curve.run_curve(args.budget, out, args.jobs, threads, not args.quiet)
         print(curve.curve_markdown(summary))
-    elif args.stage == "recall":
+    elif stage == "recall":
         summary = recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
         print(recall.recall_markdown(summary))
-    elif args.stage == "relay":
+    elif stage == "relay":
         trained = out.parent.parent / "recall" / args.budget
         if not (trained / "recall.json").exists():
             raise ValueError(f"--stage relay reads the recall stage's models: run --stage "
@@ -96,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                              f"({trained / 'recall.json'} does not exist)")
         summary = relay.run_relay(trained, out)
         print(relay.relay_markdown(summary))
-    elif args.stage == "dropout":
+    elif stage == "dropout":
         summary = dropout.run_dropout(args.budget, out, args.jobs, threads, not args.quiet)
         print(dropout.dropout_markdown(summary))
     else:
@@ -108,4 +128,3 @@ def main(argv: list[str] | None = None) -> int:
         summary = curve.run_curve(name, out / "curve", args.jobs, threads, not args.quiet,
                                   json.loads(pure.read_text()) if pure.exists() else {})
         print(curve.curve_markdown(summary))
-    return 0

@@ -121,7 +121,8 @@ def dropout_job(budget_name: str, arch: str, dropout: float, seed: int, corpus: 
     best = min(curve, key=lambda c: c["valid_bits"])
     return {"arch": arch, "dropout": dropout, "seed": seed, "curve": curve,
             "best_valid_bits": best["valid_bits"], "best_epoch": best["epoch"],
-            "gap_at_best": best["gap_bits"], "final_gap": curve[-1]["gap_bits"]}
+            "gap_at_best": best["gap_bits"], "final_gap": curve[-1]["gap_bits"],
+            "step_s": step_seconds(run, budget)}
 
 
 def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
@@ -141,9 +142,7 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
             "arch": arch, "dropout": dropout,
             **{k: spread([r[k] for r in runs])
                for k in ("best_valid_bits", "gap_at_best", "final_gap", "best_epoch")},
-            "step_s": statistics.median(
-                step_seconds(out / names[arch, dropout, s] / "run", budget)
-                for s in range(budget.seeds))}
+            "step_s": statistics.median(r["step_s"] for r in runs)}
     summary = {"budget": budget_name, "size": budget.size, "epochs": budget.epochs,
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,

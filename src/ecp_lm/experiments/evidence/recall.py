@@ -6,8 +6,9 @@ block_local and the transformer.
    ``select_steps`` (seed 0); the rate with the best held-out accuracy is the model's (ties: the
    lower loss, then the smaller rate);
 2. **seeds**: ``seeds`` runs of ``steps`` per model and depth at that rate, each scored on the
-   same held-out sequences; the weights are kept (``model.safetensors`` beside ``result.json``)
-   for the interventions of a later stage.
+   same held-out sequences; the relay stage's measurements of each (``relay.measure``) are
+   taken as soon as it is trained and kept in its ``result.json``, and its weights beside it
+   (``model.safetensors``).
 
 The report gives the final accuracy, mean ± half the range over the seeds, per depth, with each
 model's attention cost three ways at the task's size, and calls an ordering only where the
@@ -30,6 +31,7 @@ from typing import Any
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, variant
+from ecp_lm.experiments.evidence.relay import measure
 from ecp_lm.experiments.evidence.stats import orderings, spread
 from ecp_lm.experiments.study import write_json
 
@@ -53,6 +55,9 @@ class RecallBudget:
     """torch threads per run (the models are small: one thread each, two runs side by side)."""
     relay_sequences: int = 512
     """Held-out sequences of the relay stage's interventions on these models."""
+    relay: bool = True
+    """Whether each seed's run takes the relay stage's measurements (the hybrid budgets'
+    models are not the relay stage's)."""
 
 
 RECALL_BUDGETS = {
@@ -67,7 +72,7 @@ RECALL_BUDGETS = {
 # ECP as the local layer of a hybrid (three local layers, one global) against the transformer,
 # at L = 4 (one unit) and 8 (two).
 RECALL_BUDGETS.update({f"hybrid-{name}": replace(budget, depths=(4, 8),
-                                                 models=(*HYBRIDS, "transformer"))
+                                                 models=(*HYBRIDS, "transformer"), relay=False)
                        for name, budget in list(RECALL_BUDGETS.items())})
 
 
@@ -81,9 +86,10 @@ def model_config(budget: RecallBudget, name: str, depth: int) -> ModelConfig:
 
 
 def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, steps: int,
-               folder: str) -> dict[str, Any]:
-    """Train one recall model and score it; its weights go to ``folder/model.safetensors``. A
-    job stopped mid-training resumes from its last evaluation (``folder/train-state.pt``)."""
+               folder: str, relay: bool = False) -> dict[str, Any]:
+    """Train one recall model and score it (with ``relay``, also take the relay stage's
+    measurements of it); its weights go to ``folder/model.safetensors``. A job stopped
+    mid-training resumes from its last evaluation (``folder/train-state.pt``)."""
     from safetensors.torch import save
 
     from ecp_lm.experiments.mqar.budgets import BUDGETS
@@ -98,10 +104,13 @@ def recall_job(budget_name: str, name: str, depth: int, seed: int, lr: float, st
                                checkpoint=Path(folder) / "train-state.pt")
     weights = save({k: v.contiguous() for k, v in model.state_dict().items()})
     write_bytes_atomic(Path(folder) / "model.safetensors", weights)
-    return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
-            "config": cfg.to_dict(), "accuracy": result["accuracy"], "loss": result["loss"],
-            "accuracy_by_offset": result["accuracy_by_offset"], "curve": result["curve"],
-            "s_per_step": result["s_per_step"]}
+    out = {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
+           "config": cfg.to_dict(), "accuracy": result["accuracy"], "loss": result["loss"],
+           "accuracy_by_offset": result["accuracy_by_offset"], "curve": result["curve"],
+           "s_per_step": result["s_per_step"]}
+    if relay:
+        out["relay"] = measure(model, budget.mqar, budget.relay_sequences)
+    return out
 
 
 def run_name(kind: str, model: str, depth: int, seed: int, lr: float | None = None) -> str:
@@ -182,7 +191,8 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
     runs = [(m, d, s, run_name("runs", m, d, s)) for m in budget.models
             for d in budget.depths for s in range(budget.seeds)]
     results = run([Job(key, recall_job, (budget_name, m, d, s, lrs[m], budget.steps,
-                                         str(out / key))) for m, d, s, key in runs],
+                                         str(out / key), budget.relay))
+                   for m, d, s, key in runs],
                   check=lambda kept: check_rates(kept, lrs, out))
     summary = summarise(budget_name, budget, trials, lrs, results)
     if borrowed:
@@ -208,10 +218,13 @@ def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
                                 if t["model"] == m}}
     calls = {d: orderings({m: models[m]["depths"][d]["accuracy"] for m in budget.models},
                           higher_is_better=True) for d in map(str, budget.depths)}
-    return {"budget": budget_name, "mqar": budget.mqar, "steps": budget.steps,
-            "select_steps": budget.select_steps, "select_depth": budget.select_depth,
-            "lrs": list(budget.lrs), "seeds": budget.seeds, "depths": list(budget.depths),
-            "models": models, "orderings": calls}
+    summary = {"budget": budget_name, "mqar": budget.mqar, "steps": budget.steps,
+               "select_steps": budget.select_steps, "select_depth": budget.select_depth,
+               "lrs": list(budget.lrs), "seeds": budget.seeds, "depths": list(budget.depths),
+               "models": models, "orderings": calls}
+    if budget.relay:  # what the relay stage measures its models on
+        summary["relay_sequences"] = budget.relay_sequences
+    return summary
 
 
 def recall_markdown(summary: dict[str, Any]) -> str:

@@ -15,6 +15,12 @@ downstream, not that the state keeps which key it belongs to. Here several pairs
 once, one per segment from the first, and at the end of each later segment a linear probe per
 key reads the value planted with that key from each layer's state: the bindings, not a bag of
 values.
+
+Both are measured on each seed's model by ``measure`` as soon as the recall stage has trained it
+(its ``result.json`` keeps them under ``relay``), so the stage needs only the recall runs'
+results, not their weights: a stage folder that keeps just its results (see
+``evidence/.gitignore``) gives the same tables. Results without them (a recall folder written
+before) are measured here from the kept weights.
 """
 
 from __future__ import annotations
@@ -195,31 +201,58 @@ def load_recall_model(folder: Path) -> LanguageModel:
     return model.eval()
 
 
+def binding_pairs(task) -> int:
+    """Pairs the binding probe plants at once on an MQAR task: ``BINDING_PAIRS``, or fewer where
+    the sequence has fewer segments after the first."""
+    return min(BINDING_PAIRS, task.spec.seq_len // task.segment_len - 1)
+
+
+def measure(model: LanguageModel, mqar: str, sequences: int) -> dict[str, Any]:
+    """The relay stage's measurements of one trained recall model on the task of the
+    ``experiments.mqar`` budget ``mqar``: ``interventions`` (``intervene``, by value-to-query
+    offset) on ``sequences`` held-out sequences (donors: as many others) and ``binding`` (the
+    ``binding_probe`` accuracy grid, layer by segment)."""
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+    from ecp_lm.experiments.mqar.task import mqar_batch
+
+    task = BUDGETS[mqar]
+    batch = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_001))
+    donor = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_003))
+    model.eval()
+    binding = binding_probe(model, task.spec, task.segment_len, binding_pairs(task),
+                            4 * sequences, sequences)
+    return {"interventions": intervene(model, batch, donor, task.segment_len),
+            "binding": binding["accuracy"]}
+
+
+def run_measures(folder: Path, mqar: str, sequences: int) -> dict[str, Any]:
+    """``measure`` of the recall run in ``folder``: what its result keeps, else measured on its
+    kept weights."""
+    result = json.loads((folder / "result.json").read_text())
+    if "relay" in result:
+        return result["relay"]
+    return measure(load_recall_model(folder), mqar, sequences)
+
+
 def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
     """The interventions on every model the recall stage in ``recall_out`` trained, on its
     budget's ``relay_sequences`` held-out sequences (donors: as many others), over its
-    seeds."""
-    from ecp_lm.experiments.evidence.recall import RECALL_BUDGETS
+    seeds (``measure``), as its summary ``recall.json`` lists them."""
     from ecp_lm.experiments.mqar.budgets import BUDGETS
-    from ecp_lm.experiments.mqar.task import mqar_batch
     from ecp_lm.experiments.study import write_json
     from ecp_lm.fsutil import write_bytes_atomic
 
     stage = json.loads((recall_out / "recall.json").read_text())
-    budget = RECALL_BUDGETS[stage["budget"]]
-    task = BUDGETS[budget.mqar]
-    sequences = budget.relay_sequences
-    batch = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_001))
-    donor = mqar_batch(task.spec, sequences, torch.Generator().manual_seed(11_000_003))
+    task = BUDGETS[stage["mqar"]]
+    sequences = stage["relay_sequences"]
     table: dict[str, Any] = {}
-    pairs = min(BINDING_PAIRS, task.spec.seq_len // task.segment_len - 1)
-    for name in budget.models:
-        for depth in budget.depths:
-            models = [load_recall_model(recall_out / "runs" / name / f"L{depth}" / f"seed{s}")
-                      for s in range(budget.seeds)]
-            seeds = [intervene(model, batch, donor, task.segment_len) for model in models]
-            binding = [binding_probe(model, task.spec, task.segment_len, pairs,
-                                     4 * sequences, sequences)["accuracy"] for model in models]
+    pairs = binding_pairs(task)
+    for name in stage["models"]:
+        for depth in stage["depths"]:
+            measures = [run_measures(recall_out / "runs" / name / f"L{depth}" / f"seed{s}",
+                                     stage["mqar"], sequences) for s in range(stage["seeds"])]
+            seeds = [m["interventions"] for m in measures]
+            binding = [m["binding"] for m in measures]
             cells = {}
             for offset in seeds[0]:
                 cells[offset] = {"queries": seeds[0][offset]["queries"],
@@ -235,7 +268,7 @@ def run_relay(recall_out: Path, out: Path) -> dict[str, Any]:
     summary = {"recall_budget": stage["budget"], "sequences": sequences,
                "binding_pairs": pairs, "binding_chance": task.spec.chance,
                "binding_segments": list(range(pairs - 1, task.spec.seq_len // task.segment_len)),
-               "seeds": budget.seeds, "segment_len": task.segment_len, "table": table}
+               "seeds": stage["seeds"], "segment_len": task.segment_len, "table": table}
     write_json(out / "relay.json", summary)
     write_bytes_atomic(out / "relay.md", relay_markdown(summary).encode())
     return summary
