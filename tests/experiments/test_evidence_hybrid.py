@@ -121,8 +121,10 @@ def test_the_shared_runs_are_the_transformers_trials_and_l4_seeds():
 
 def fake_recall_job(calls):
     """A recall job that trains nothing: its accuracy says which stage ran it."""
-    def job(budget_name, name, depth, seed, lr, steps, folder):
+    def job(budget_name, name, depth, seed, lr, steps, folder, relay=False):
         calls.append((budget_name, folder.rsplit("/", 4)[-4:]))
+        # the relay stage measures the recall stage's seeds, not the trials or the hybrids
+        assert relay == (calls[-1][1][0] == "runs" and not budget_name.startswith("hybrid"))
         cfg = recall_module.model_config(RECALL_BUDGETS[budget_name], name, depth)
         own = 0.25 if budget_name.startswith("hybrid") else 0.5
         return {"model": name, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
