@@ -63,11 +63,12 @@ class RecallBudget:
 RECALL_BUDGETS = {
     "tiny": RecallBudget(mqar="tiny", depths=(2, 4), steps=40, select_steps=20, select_depth=4,
                          lrs=(1e-3, 3e-3), relay_sequences=32),
-    # 3e-4 and 1e-4 joined the grid when ecp chose its lowest rate at full (1e-3, then 3e-4).
+    # A rate joins the grid below its lowest when a model chooses that lowest one: 3e-4 and
+    # 1e-4 when ecp chose 1e-3, then 3e-4 at full; 3e-5 at full when ecp chose 1e-4.
     "small": RecallBudget(mqar="small", depths=(2, 4, 6), steps=800, select_steps=400,
                           select_depth=4, lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2)),
     "full": RecallBudget(mqar="small", depths=(2, 4, 6), steps=9600, select_steps=2400,
-                         select_depth=4, lrs=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2)),
+                         select_depth=4, lrs=(3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2)),
 }
 # ECP as the local layer of a hybrid (three local layers, one global) against the transformer,
 # at L = 4 (one unit) and 8 (two).
