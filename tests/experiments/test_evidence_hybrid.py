@@ -110,6 +110,55 @@ def test_the_hybrids_curve_sets_the_curve_stages_models_beside_its_own():
                                                 for c in alone["orderings"][p])
 
 
+def test_the_models_beside_the_hybrids_are_timed_with_them(tmp_path, monkeypatch):
+    """Equal-time calls across the two stages compare step times taken in one invocation: the
+    curve stage's models set beside the hybrids carry the times measured with the hybrids'
+    (the machine's speed moves between invocations), not the curve stage's own."""
+    from ecp_lm.experiments.evidence import curve
+
+    budget = CURVE_BUDGETS["hybrid-small"]
+    measured = []
+
+    def fake_step_seconds(cfg, spec):
+        measured.append(cfg.layer_pattern or cfg.arch)
+        return 0.1
+
+    monkeypatch.setattr(curve, "step_seconds", fake_step_seconds)
+    (tmp_path / "step_s.json").write_text(json.dumps({m: 0.4 for m in HYBRIDS}))
+    assert curve.step_times(budget, tmp_path) == {m: 0.4 for m in HYBRIDS}  # kept, all there
+    assert measured == []
+    times = curve.step_times(budget, tmp_path, ("ecp", "transformer"))
+    assert set(times) == {*HYBRIDS, "ecp", "transformer"} and len(measured) == 6
+    assert set(times.values()) == {0.1}  # every model measured again, in this invocation
+    assert json.loads((tmp_path / "step_s.json").read_text()) == times
+    assert curve.step_times(budget, tmp_path, ("ecp",)) == times and len(measured) == 6
+
+    # With the transformer's own step time (0.5 s) a hybrid (0.4 s a step, 3.2-3.4 at every
+    # point) is ahead of it (3.5-3.7) at equal time; timed beside the hybrids (0.1 s: its 200
+    # steps take half a hybrid's 100) no point of the hybrid took as little time, so no call.
+    pure = fake_curve(CURVE_BUDGETS["small"], ("ecp", "transformer"),
+                      {"ecp": [3.0, 3.1, 3.2], "transformer": [3.5, 3.6, 3.7]},
+                      points=budget.points)
+    beside, note = curve.reference_models(budget, pure, {"ecp": 0.1, "transformer": 0.2})
+    assert {m: r["step_s"] for m, r in beside.items()} == {"ecp": 0.1, "transformer": 0.2}
+    assert "measured again in this invocation" in note
+    assert "measured in its invocation" in curve.reference_models(budget, pure)[1]
+    own = fake_curve(budget, HYBRIDS, {m: [3.2, 3.3, 3.4] for m in HYBRIDS})
+    seeds = {f"curve/{m}/seed{s}": {"points": [
+        {"steps": p, "bits_per_byte": own["models"][m]["points"][str(p)]["per_seed"][s],
+         "context_gain_bits": 0.0} for p in budget.points]} for m in HYBRIDS for s in range(3)}
+    trials = {f"select/{m}/lr{lr:g}": {"bits_per_byte": 4.0} for m in HYBRIDS
+              for lr in budget.lrs}
+    lrs = {m: 2e-3 for m in HYBRIDS}
+    stale = curve.summarise("hybrid-small", budget, trials, lrs, seeds,
+                            {m: 0.4 for m in HYBRIDS}, pure)
+    fresh = curve.summarise("hybrid-small", budget, trials, lrs, seeds,
+                            {**{m: 0.4 for m in HYBRIDS}, "ecp": 0.1, "transformer": 0.1}, pure)
+    assert fresh["models"]["transformer"]["step_s"] == 0.1
+    assert any(c.startswith("hybrid_ecp < transformer") for c in stale["equal_time"])
+    assert not any(c.startswith("hybrid_ecp < transformer") for c in fresh["equal_time"])
+
+
 def test_the_shared_runs_are_the_transformers_trials_and_l4_seeds():
     for name in ("tiny", "small", "full"):
         b = RECALL_BUDGETS[name]

@@ -127,15 +127,22 @@ def curve_job(budget_name: str, model: str, seed: int, lr: float, out: str
     return {"model": model, "seed": seed, "lr": lr, "points": points}
 
 
-def step_times(budget: CurveBudget, out: Path) -> dict[str, float]:
-    """Seconds per training step of each model at the budget's size and batch, measured one
-    after another in this process (median of 3 after 1 untimed), kept in ``step_s.json``."""
+def step_times(budget: CurveBudget, out: Path, beside: tuple[str, ...] = ()
+               ) -> dict[str, float]:
+    """Seconds per training step of each model at the budget's size and batch, and of the
+    models ``beside`` them (the curve stage's, in the hybrids' curve), measured one after
+    another in this process (median of 3 after 1 untimed), kept in ``step_s.json``. Times
+    kept without every one of these models are measured again, all of them: equal-time calls
+    compare times taken on one machine at one load, and its speed moves between invocations."""
     path = out / "step_s.json"
+    names = (*budget.models, *beside)
     if path.exists():
-        return json.loads(path.read_text())
+        kept = json.loads(path.read_text())
+        if set(names) <= set(kept):
+            return kept
     spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=1, repeats=3)
     times = {}
-    for name in budget.models:
+    for name in names:
         times[name] = step_seconds(ModelConfig(**model_config(name, budget.size)), spec)
     write_json(path, times)
     return times
@@ -164,7 +171,7 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
 
     budget = CURVE_BUDGETS[budget_name]
     with torch_threads(threads):
-        times = step_times(budget, out)
+        times = step_times(budget, out, tuple(reference_models(budget, reference)[0]))
     trials = run_jobs([Job(f"select/{m}/lr{lr:g}", select_job, (budget_name, m, lr, str(out)))
                        for m in budget.models for lr in budget.lrs], out, jobs, threads,
                       progress)
@@ -181,12 +188,15 @@ def run_curve(budget_name: str, out: Path, jobs: int = 1, threads: int | None = 
     return summary
 
 
-def reference_models(budget: CurveBudget, reference: dict[str, Any] | None
+def reference_models(budget: CurveBudget, reference: dict[str, Any] | None,
+                     times: dict[str, float] | None = None
                      ) -> tuple[dict[str, Any], str | None]:
     """The curve stage's models (``reference``, its summary) to set beside this curve's (the
     hybrids'), at this curve's budget points, and a sentence saying which they are or why there
     are none: only runs measured alike (the same size, training, seeds, decay and validation
-    bytes, with every budget point of this curve among theirs). None: no reference asked."""
+    bytes, with every budget point of this curve among theirs). None: no reference asked.
+    ``times``: step times measured beside this curve's models (``step_times``), which replace
+    the curve stage's own, measured in another invocation."""
     if reference is None:
         return {}, None
     if not reference:
@@ -201,11 +211,14 @@ def reference_models(budget: CurveBudget, reference: dict[str, Any] | None
     if not alike:
         return {}, ("The curve stage's runs were not measured like these (another size, "
                     "training, seeds or budget points): no pure model is set beside them.")
-    models = {m: {**r, "points": {p: r["points"][p] for p in points}, "from": "curve"}
+    times = times or {}
+    models = {m: {**r, "points": {p: r["points"][p] for p in points}, "from": "curve",
+                  "step_s": times.get(m, r["step_s"])}
               for m, r in reference["models"].items() if m not in budget.models}
+    timed = ("measured again in this invocation, beside these models'"
+             if set(models) <= set(times) else "measured in its invocation")
     return models, (f"{', '.join(models)}: the curve stage's own runs (the same size, training, "
-                    "seeds, budget points and validation bytes; their step times measured in "
-                    "its invocation).")
+                    f"seeds, budget points and validation bytes; their step times {timed}).")
 
 
 def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, seeds: dict,
@@ -225,7 +238,7 @@ def summarise(budget_name: str, budget: CurveBudget, trials: dict, lrs: dict, se
                                               ["bits_per_byte"] for lr in budget.lrs},
                      "costs": costs(ModelConfig(**model_config(m, budget.size))),
                      "step_s": times[m], "points": points}
-    beside, note = reference_models(budget, reference)
+    beside, note = reference_models(budget, reference, times)
     models.update(beside)
     calls = {steps: orderings({m: r["points"][steps]["bits_per_byte"]
                                for m, r in models.items()}) for steps in map(str, budget.points)}
