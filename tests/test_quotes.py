@@ -367,6 +367,14 @@ QUOTES = {
         hybrid_block_local_and_transformer())),
     "results.md: hybrid curve": (RESULTS, lambda: hybrid_against_pure()),
     "results.md: hybrid recall, rate trials": (RESULTS, lambda: hybrid_rate_trials()),
+    "README: recall's step times at L = 4": (README, lambda: (
+        "took a median of {:.3f}–{:.3f} s a step in the run its report keeps".format(
+            *(f(r["depths"]["4"]["step_s"] for r in report(f"{SMALL}/recall.json")
+                ["models"].values()) for f in (min, max))))),
+    "results.md: ECP's step in both curves": (RESULTS, lambda: (
+        "ECP's step here {:.3f} s against {:.3f} s in the curve stage's".format(
+            report(f"{SMALL}/hybrid-curve.json")["models"]["ecp"]["step_s"],
+            report(f"{SMALL}/curve.json")["models"]["ecp"]["step_s"]))),
     "README: hybrids, small": (README, lambda: (
         f"lifts ECP on recall from {recall_cell('ecp', 4)} to {hybrid_recall('hybrid_ecp', 4)} "
         f"at L = 4, but the tile-matched window is the better local layer "
