@@ -369,7 +369,7 @@ QUOTES = {
     "results.md: hybrid recall, rate trials": (RESULTS, lambda: hybrid_rate_trials()),
     "README: recall's step times at L = 4": (README, lambda: (
         "took a median of {:.3f}–{:.3f} s a step in the run its report keeps".format(
-            *(f(r["depths"]["4"]["step_s"] for r in report(f"{SMALL}/recall.json")
+            *(f(r["depths"]["4"]["train_step_s"] for r in report(f"{SMALL}/recall.json")
                 ["models"].values()) for f in (min, max))))),
     "results.md: ECP's step in both curves": (RESULTS, lambda: (
         "ECP's step here {:.3f} s against {:.3f} s in the curve stage's".format(

@@ -59,7 +59,11 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
                                                         for c in result["curve"])
     assert len(summary["findings"]) == 2 * (len(ARCHS) - 1) + len(ARCHS)
     assert summary["costs"]["transformer"]["entries"] > summary["costs"]["ecp"]["entries"]
-    assert all(row["step_s"] > 0 for row in summary["table"].values())
+    times = json.loads((out / "step_s.json").read_text())  # every cell timed in one invocation
+    assert set(times) == {f"{a}/{p:g}" for a in ARCHS for p in DROPOUTS}
+    for key, row in summary["table"].items():
+        assert row["step_s"] == times[key] > 0 and row["train_step_s"] > 0
+    assert "timed one model after another" in (out / "dropout.md").read_text()
     assert "| ecp | 0.1 |" in (out / "dropout.md").read_text()
 
     def no_training(*args, **kwargs):

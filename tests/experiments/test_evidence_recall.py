@@ -58,6 +58,18 @@ def test_tiny_recall_stage(tmp_path, monkeypatch, capsys):
             pa, pb = (summary["models"][k]["depths"][depth]["accuracy"] for k in (a, b))
             assert pa["min"] > pb["max"]
     assert "| sliding_window_tiles |" in (out / "recall.md").read_text()
+    # Step times: every model at every depth timed in this invocation (step_s.json), each
+    # seeds' median training step beside it.
+    times = json.loads((out / "step_s.json").read_text())
+    assert set(times) == {f"{m}/L{d}" for m in MODELS for d in budget.depths}
+    for name, model in summary["models"].items():
+        for depth in budget.depths:
+            point = model["depths"][str(depth)]
+            seeds = [json.loads((out / "runs" / name / f"L{depth}" / f"seed{s}" /
+                                 "result.json").read_text())["s_per_step"] for s in range(3)]
+            assert point["step_s"] == times[f"{name}/L{depth}"] > 0
+            assert point["train_step_s"] == sorted(seeds)[1]
+    assert "timed one model after another" in (out / "recall.md").read_text()
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished stage trained again")

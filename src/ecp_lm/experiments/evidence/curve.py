@@ -18,18 +18,17 @@ their ranges do not overlap.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ecp_lm.bench.core import BenchSpec, step_seconds
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.experiments.evidence.anneal import annealed_curve, wsd_config
 from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, coverage, model_config
 from ecp_lm.experiments.evidence.stats import equal_time_calls, orderings, spread
+from ecp_lm.experiments.evidence.timing import timed_steps
 from ecp_lm.experiments.long_context.measure import context_gain
 from ecp_lm.experiments.study import write_json
 from ecp_lm.run.config import RunConfig
@@ -130,22 +129,12 @@ def curve_job(budget_name: str, model: str, seed: int, lr: float, out: str
 def step_times(budget: CurveBudget, out: Path, beside: tuple[str, ...] = ()
                ) -> dict[str, float]:
     """Seconds per training step of each model at the budget's size and batch, and of the
-    models ``beside`` them (the curve stage's, in the hybrids' curve), measured one after
-    another in this process (median of 3 after 1 untimed), kept in ``step_s.json``. Times
-    kept without every one of these models are measured again, all of them: equal-time calls
-    compare times taken on one machine at one load, and its speed moves between invocations."""
-    path = out / "step_s.json"
-    names = (*budget.models, *beside)
-    if path.exists():
-        kept = json.loads(path.read_text())
-        if set(names) <= set(kept):
-            return kept
-    spec = BenchSpec(batch_size=budget.train["batch_size"], warmup=1, repeats=3)
-    times = {}
-    for name in names:
-        times[name] = step_seconds(ModelConfig(**model_config(name, budget.size)), spec)
-    write_json(path, times)
-    return times
+    models ``beside`` them (the curve stage's, in the hybrids' curve), timed in this invocation
+    (``timing.timed_steps``, kept in ``step_s.json``): equal-time calls compare times taken on
+    one machine at one load."""
+    batch = budget.train["batch_size"]
+    return timed_steps({name: (ModelConfig(**model_config(name, budget.size)), batch)
+                        for name in (*budget.models, *beside)}, out / "step_s.json")
 
 
 def valid_coverage(budget: CurveBudget) -> dict[str, Any]:

@@ -25,9 +25,11 @@ from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
 from ecp_lm.experiments.evidence.models import costs
 from ecp_lm.experiments.evidence.stats import separated, spread
+from ecp_lm.experiments.evidence.timing import timed_steps
 from ecp_lm.experiments.study import write_json
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.run.config import RunConfig
+from ecp_lm.runtime import torch_threads
 
 ARCHS = ("ecp", "sliding_window", "transformer")
 DROPOUTS = (0.0, 0.1, 0.2)
@@ -135,6 +137,10 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
     results = run_jobs([Job(names[c], dropout_job, (budget_name, *c, str(corpus),
                                                     str(out / names[c]))) for c in cells],
                        out, jobs, threads, progress)
+    with torch_threads(threads):
+        times = timed_steps({f"{arch}/{p:g}": (
+            ModelConfig(vocab_size=256, **budget.size, arch=arch, dropout=p), budget.batch_size)
+            for arch, p in product(ARCHS, DROPOUTS)}, out / "step_s.json")
     table = {}
     for arch, dropout in product(ARCHS, DROPOUTS):
         runs = [results[names[arch, dropout, s]] for s in range(budget.seeds)]
@@ -142,7 +148,8 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
             "arch": arch, "dropout": dropout,
             **{k: spread([r[k] for r in runs])
                for k in ("best_valid_bits", "gap_at_best", "final_gap", "best_epoch")},
-            "step_s": statistics.median(r["step_s"] for r in runs)}
+            "step_s": times[f"{arch}/{dropout:g}"],
+            "train_step_s": statistics.median(r["step_s"] for r in runs)}
     summary = {"budget": budget_name, "size": budget.size, "epochs": budget.epochs,
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,
@@ -213,8 +220,14 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
              f"{summary['seeds']} seeds per cell, mean ± half the range. Gap: validation minus "
              "training bits/byte, both scored in eval mode by the same protocol.", "",
              "Attention cost over full attention's: exact entries, the research's tiles, the "
-             "tiles a block-sparse kernel visits at block 128. Step s: the median training step "
-             "of the cell's runs, two running side by side on one thread each.", "",
+             "tiles a block-sparse kernel visits at block 128. Step s: " + (
+                 "one training step of each cell's model, timed one model after another in the "
+                 "invocation that wrote this report (each run's own median training step, two "
+                 "running side by side, is in `train_step_s`: runs trained in other sessions "
+                 "ran at another pace)." if all("train_step_s" in row for row in
+                                                summary["table"].values())
+                 else "the median training step of the cell's runs, two running side by side "
+                 "on one thread each."), "",
              "| arch | entries | research tiles | kernel tiles |", "|---|---|---|---|"]
     for arch, c in summary["costs"].items():
         kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"

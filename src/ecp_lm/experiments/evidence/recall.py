@@ -33,6 +33,7 @@ from ecp_lm.experiments.evidence.jobs import Job, check_rates, run_jobs
 from ecp_lm.experiments.evidence.models import HYBRIDS, costs, variant
 from ecp_lm.experiments.evidence.relay import measure
 from ecp_lm.experiments.evidence.stats import orderings, spread
+from ecp_lm.experiments.evidence.timing import timed_steps
 from ecp_lm.experiments.study import write_json
 
 MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "block_local", "transformer")
@@ -195,7 +196,7 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
                                          str(out / key), budget.relay))
                    for m, d, s, key in runs],
                   check=lambda kept: check_rates(kept, lrs, out))
-    summary = summarise(budget_name, budget, trials, lrs, results)
+    summary = summarise(budget_name, budget, trials, lrs, results, step_times(budget, out, threads))
     if borrowed:
         summary["borrowed"] = {"from": str(reference), "runs": sorted(borrowed)}
     write_json(out / "recall.json", summary)
@@ -203,8 +204,22 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
     return summary
 
 
+def step_times(budget: RecallBudget, out: Path, threads: int | None = 1
+               ) -> dict[str, float]:
+    """One training step of each model at each depth, timed one after another in this
+    invocation on ``threads``, the runs' (``timing.timed_steps``, kept in ``step_s.json``)."""
+    from ecp_lm.experiments.mqar.budgets import BUDGETS
+    from ecp_lm.runtime import torch_threads
+
+    batch = BUDGETS[budget.mqar].train.batch_size
+    with torch_threads(threads):
+        return timed_steps({f"{m}/L{d}": (model_config(budget, m, d), batch)
+                            for m in budget.models for d in budget.depths}, out / "step_s.json")
+
+
 def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
-              results: dict) -> dict[str, Any]:
+              results: dict, times: dict[str, float]) -> dict[str, Any]:
+    """The stage's summary; ``times``: the step times of ``step_times``, by ``model/Ldepth``."""
     models = {}
     for m in budget.models:
         depths = {}
@@ -212,7 +227,8 @@ def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
             runs = [results[f"runs/{m}/L{d}/seed{s}"] for s in range(budget.seeds)]
             acc = [r["accuracy"] for r in runs]
             depths[str(d)] = {"accuracy": spread(acc), "per_seed": acc,
-                              "step_s": statistics.median(r["s_per_step"] for r in runs)}
+                              "step_s": times[f"{m}/L{d}"], "train_step_s":
+                              statistics.median(r["s_per_step"] for r in runs)}
         cost = costs(model_config(budget, m, budget.select_depth))
         models[m] = {"lr": lrs[m], "costs": cost, "depths": depths,
                      "trials": {f"{t['lr']:g}": t["accuracy"] for key, t in trials.items()
@@ -239,8 +255,7 @@ def recall_markdown(summary: dict[str, Any]) -> str:
              "0). Final held-out accuracy, mean ± half the range over the seeds; every seed is "
              "scored on the same held-out sequences. Attention cost over full attention's: "
              "exact entries, the research's tiles, the tiles of a block-sparse kernel at block "
-             "128 (- where N is below one block). Step s: the median training step of the "
-             "seeds' runs, two running side by side on one thread each.", "",
+             "128 (- where N is below one block). Step s: " + step_note(summary), "",
              "| model | lr | entries | research tiles | kernel tiles | " + " | ".join(
                  f"L = {d}" for d in depths) + " | " + " | ".join(
                  f"step s, L = {d}" for d in depths) + " |",
@@ -262,6 +277,24 @@ def recall_markdown(summary: dict[str, Any]) -> str:
         runs = summary["borrowed"]["runs"]
         lines += ["", f"{len(runs)} of these runs are the recall stage's own, the same runs (task, "
                   "model, depth, seed, rate and steps), read from "
-                  f"`{summary['borrowed']['from']}` rather than trained again (their step "
-                  "times too): " + ", ".join(f"`{key}`" for key in runs) + "."]
+                  f"`{summary['borrowed']['from']}` rather than trained again"
+                  + (" (their step times too)" if not timed(summary) else "") + ": "
+                  + ", ".join(f"`{key}`" for key in runs) + "."]
     return "\n".join(lines) + "\n"
+
+
+def timed(summary: dict[str, Any]) -> bool:
+    """Whether the summary's step times were timed in one invocation (``step_times``); a
+    summary written before they were holds the seeds' median training steps."""
+    return all("train_step_s" in r for m in summary["models"].values()
+               for r in m["depths"].values())
+
+
+def step_note(summary: dict[str, Any]) -> str:
+    if timed(summary):
+        return ("one training step of each model at each depth, timed one model after another "
+                "in the invocation that wrote this report, on one thread (each run's own median "
+                "training step, two running side by side, is in its result and in "
+                "`train_step_s`: runs trained in other sessions ran at another pace).")
+    return "the median training step of the seeds' runs, two running side by side on one "\
+           "thread each."
