@@ -86,19 +86,22 @@ def window_tile_range() -> str:
 
 SMALL = "docs/evidence/small"
 """Evidence III's small-budget reports, as the stages wrote them."""
+FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full"}
+"""The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``)."""
 
 
 def mean_h(cell: dict) -> str:
     return f"{cell['mean']:.3f} ± {cell['half_range']:.3f}"
 
 
-def stage_model(name: str, model: str) -> dict:
-    """One model's entry in the small report ``name`` (``recall``, ``hybrid-curve`` …)."""
-    return report(f"{SMALL}/{name}.json")["models"][model]
+def stage_model(name: str, model: str, where: str = SMALL) -> dict:
+    """One model's entry in the report ``name`` (``recall``, ``hybrid-curve`` …) in the folder
+    ``where`` (the small reports unless told)."""
+    return report(f"{where}/{name}.json")["models"][model]
 
 
-def recall_cell(model: str, depth: int, name: str = "recall") -> str:
-    return mean_h(stage_model(name, model)["depths"][str(depth)]["accuracy"])
+def recall_cell(model: str, depth: int, name: str = "recall", where: str = SMALL) -> str:
+    return mean_h(stage_model(name, model, where)["depths"][str(depth)]["accuracy"])
 
 
 def recall_costs() -> str:
@@ -282,10 +285,10 @@ def span(values) -> str:
     return f"{min(values):.3f}–{max(values):.3f}"
 
 
-def relay(model: str, key: str, depths=(4, 6)) -> str:
+def relay(model: str, key: str, depths=(4, 6), where: str = SMALL) -> str:
     """The range over depths and value-to-query offsets of one relay measure's seed means;
     ``drop`` and ``control_drop``: clean minus replaced."""
-    table = report(f"{SMALL}/relay.json")["table"]
+    table = report(f"{where}/relay.json")["table"]
     cells = [c for d in depths for c in table[f"{model}/L{d}"]["offsets"].values()]
     if key == "drop":
         return span(c["clean"]["mean"] - c["path_replaced"]["mean"] for c in cells)
@@ -294,9 +297,32 @@ def relay(model: str, key: str, depths=(4, 6)) -> str:
     return span(c[key]["mean"] for c in cells)
 
 
-def binding(model: str) -> str:
+def relay_full(model: str, key: str, depths=(4, 6)) -> str:
+    """``relay`` of the full budget's relay report."""
+    return relay(model, key, depths, FULL["relay"])
+
+
+def relay_offsets(model: str, depth: int, key: str = "clean", where: str = SMALL) -> list[str]:
+    """One relay measure of ``model`` at ``depth``, mean ± h at each value-to-query offset."""
+    offsets = report(f"{where}/relay.json")["table"][f"{model}/L{depth}"]["offsets"]
+    return [mean_h(offsets[o][key]) for o in sorted(offsets, key=int)]
+
+
+def binding_last(model: str, depth: int, where: str = SMALL) -> str:
+    """The binding probe of ``model`` at ``depth`` read at the last layer and segment."""
+    row = report(f"{where}/relay.json")["table"][f"{model}/L{depth}"]
+    return f"{row['binding'][-1][-1]:.3f}"
+
+
+def full_recall_trials(*models: str) -> list[float]:
+    """The full recall stage's rate-trial accuracies of ``models`` (L = 4, 2,400 steps)."""
+    return [a for m in models
+            for a in stage_model("recall", m, FULL["recall"])["trials"].values()]
+
+
+def binding(model: str, where: str = SMALL) -> str:
     """The best binding-probe cell of ``model`` over its depths, layers and segments."""
-    table = report(f"{SMALL}/relay.json")["table"]
+    table = report(f"{where}/relay.json")["table"]
     best = max(v for row in table.values() if row["model"] == model
                for layer in row["binding"] for v in layer)
     return f"{best:.3f}"
@@ -403,6 +429,60 @@ QUOTES = {
     "results.md: relay, transformer": (RESULTS, lambda: (
         f"replacing the path costs it {relay('transformer', 'drop', (2, 4, 6))}, less than the "
         f"control's {relay('transformer', 'control_drop', (2, 4, 6))}")),
+    "results.md: recall, full, the entry-matched window against ECP": (RESULTS, lambda: ", ".join(
+        f"{recall_cell('sliding_window', d, where=FULL['recall'])} against "
+        f"{recall_cell('ecp', d, where=FULL['recall'])} at L = {d}" for d in (2, 4, 6))),
+    "results.md: recall, full, transformer": (RESULTS, lambda: (
+        f"**The transformer is ahead of every local model** "
+        f"({recall_cell('transformer', 2, where=FULL['recall'])} at L = 2)")),
+    "results.md: recall, full, at chance": (RESULTS, lambda: (
+        f"trials ({span(full_recall_trials('sliding_window_tiles', 'block_local'))} after 2,400 "
+        f"steps, where ECP reached {span(sorted(full_recall_trials('ecp'))[-3:])} at 3e-5, "
+        f"1e-4 and\n3e-4)")),
+    "results.md: recall, full, one value per seed": (RESULTS, lambda: (
+        "({}, {}, {} for seeds 0, 1, 2), and its held-out loss is within 0.001 of".format(
+            *(f"{a:.3f}" for a in stage_model("recall", "block_local", FULL["recall"])
+              ["depths"]["2"]["per_seed"])))),
+    "results.md: recall, full, ECP's reach at L = 2": (RESULTS, lambda: (
+        "{} at two segments and chance at three ({}) and four\n({})".format(
+            *relay_offsets("ecp", 2, where=FULL["relay"])))),
+    "results.md: recall, full, the window's reach at L = 2": (RESULTS, lambda: " / ".join(
+        relay_offsets("sliding_window", 2, where=FULL["relay"]))),
+    "results.md: relay, full, ECP": (RESULTS, lambda: (
+        f"sends ECP to chance: {relay_full('ecp', 'path_replaced')}, from "
+        f"{relay_full('ecp', 'clean')} clean. The control replaces as many\n"
+        f"segments before the value. It leaves {relay_full('ecp', 'control_replaced')} "
+        f"and costs {relay_full('ecp', 'control_drop')}, against the path's\n"
+        f"{relay_full('ecp', 'drop')}.")),
+    "results.md: relay, full, window": (RESULTS, lambda: (
+        f"{relay_full('sliding_window', 'path_replaced')} with the path "
+        f"replaced, against\n{relay_full('sliding_window', 'control_replaced')} "
+        "for the control")),
+    "results.md: relay, full, transformer": (RESULTS, lambda: (
+        "Replacing the path costs it, at every depth, "
+        f"{relay_full('transformer', 'drop', (2, 4, 6))}, "
+        f"and\nthe control {relay_full('transformer', 'control_drop', (2, 4, 6))}.")),
+    "results.md: binding, full": (RESULTS, lambda: (
+        f"reads the right value from ECP at {binding('ecp', FULL['relay'])} (chance 0.062), as "
+        f"well as the\nentry-matched window ({binding('sliding_window', FULL['relay'])}) and "
+        f"nearly as well as the transformer ({binding('transformer', FULL['relay'])}). The best "
+        f"cell is\nthe best of many, an optimistic summary: the two models at chance reach "
+        f"{binding('sliding_window_tiles', FULL['relay'])} and "
+        f"{binding('block_local', FULL['relay'])} that\nway. ECP's last layer at the last "
+        f"segment reads far less at L = 2 and 4 ({binding_last('ecp', 2, FULL['relay'])}, "
+        f"{binding_last('ecp', 4, FULL['relay'])}) and\n{binding_last('ecp', 6, FULL['relay'])} "
+        "at L = 6.")),
+    "README: recall, full": (README, lambda: (
+        f"({recall_cell('transformer', 2, where=FULL['recall'])} at L = 2). The window matched "
+        f"in entries is ahead of ECP ({recall_cell('sliding_window', 4, where=FULL['recall'])}"
+        f"\nagainst {recall_cell('ecp', 4, where=FULL['recall'])} at L = 4)")),
+    "README: relay, full": (README, lambda: (
+        f"sends ECP to chance ({relay_full('ecp', 'path_replaced')}\nat L = 4 "
+        f"and 6) while the control leaves it at "
+        f"{relay_full('ecp', 'control_replaced')}. The answer takes the relay. "
+        f"The\nbest binding-probe cell reads ECP ({binding('ecp', FULL['relay'])}) about as well "
+        f"as the window and nearly as well as\nthe transformer "
+        f"({binding('transformer', FULL['relay'])})")),
     "results.md: binding, small": (RESULTS, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
@@ -439,3 +519,26 @@ def test_small_tables_are_the_stages_own(stage):
     missing = [row for row in rows if row not in text]
     assert rows and not missing, f"results.md lacks {missing[:2]}"
 
+
+
+FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
+               "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False)}
+"""Each finished full report in ``evidence/``, the function that renders it and whether
+results.md carries its table (the relay's is linked and quoted, not copied)."""
+
+
+@pytest.mark.parametrize("stage", list(FULL_TABLES))
+def test_full_reports_are_the_stages_own(stage):
+    """A full report committed in evidence/ is its stage's rendering of the JSON beside it, and
+    results.md's copy of its table is that table, row for row."""
+    import importlib
+
+    target, in_results = FULL_TABLES[stage]
+    module, name = target.split(":")
+    rendered = getattr(importlib.import_module(module), name)(
+        report(f"{FULL[stage]}/{stage}.json"))
+    assert (ROOT / FULL[stage] / f"{stage}.md").read_text() == rendered
+    if in_results:
+        rows = [line for line in rendered.splitlines() if line.startswith("| ")]
+        missing = [row for row in rows if row not in RESULTS.read_text().splitlines()]
+        assert rows and not missing, f"results.md lacks {missing[:2]}"

@@ -247,8 +247,9 @@ def summarise(budget_name: str, budget: RecallBudget, trials: dict, lrs: dict,
 def recall_markdown(summary: dict[str, Any]) -> str:
     depths = summary["depths"]
     lines = [f"# Evidence III: recall with seeds (budget `{summary['budget']}`)", "",
-             f"Multi-query associative recall (`experiments.mqar`, budget "
-             f"`{summary['mqar']}`), {summary['steps']:,} steps per model, {summary['seeds']} "
+             f"Multi-query associative recall (the task and model width of "
+             f"`experiments.mqar`'s budget `{summary['mqar']}`), {summary['steps']:,} steps "
+             f"per model, {summary['seeds']} "
              f"seeds each at its learning rate from "
              f"{', '.join(f'{lr:g}' for lr in summary['lrs'])} (chosen on held-out accuracy "
              f"at L = {summary['select_depth']} after {summary['select_steps']:,} steps, seed "
