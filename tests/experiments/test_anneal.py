@@ -5,9 +5,11 @@ models."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -62,6 +64,26 @@ def test_a_branch_point_behind_the_stable_run_is_refused(tmp_path):
     train(cfg, tmp_path / "stable", progress=False, stop_at=4)
     with pytest.raises(ValueError, match="past the branch point 3"):
         branch(tmp_path / "stable", 3, cfg, tmp_path / "decay4", progress=False)
+
+
+def test_a_run_started_at_another_rate_is_refused(tmp_path):
+    """A curve stopped mid-run and asked to go on at another learning rate (a rate chosen
+    anew) is refused before any step, at the stable run and at a branch in progress alike;
+    at its own rate it goes on."""
+    cfg = base_config(tmp_path)
+    curve = tmp_path / "curve"
+    train(wsd_config(cfg, 8, FRACTION), curve / "stable", progress=False, stop_at=2)
+    other = copy.deepcopy(cfg)
+    other.train.lr = 2 * cfg.train.lr
+    with pytest.raises(ValueError, match=r"stable was started at lr 0\.003, seed"):
+        annealed_curve(other, POINTS, FRACTION, curve, lambda run: {})
+    assert json.loads((curve / "stable" / "latest" / "meta.json").read_text())["step"] == 2
+    branch(curve / "stable", 3, wsd_config(cfg, 8, FRACTION), curve / "decay4", False)
+    shutil.rmtree(curve / "stable")  # only the branch in progress is left to refuse
+    with pytest.raises(ValueError, match=r"decay4 was started at lr 0\.003"):
+        annealed_curve(other, POINTS, FRACTION, curve, lambda run: {})
+    assert [r["steps"] for r in annealed_curve(cfg, POINTS, FRACTION, curve,
+                                                lambda run: {})] == list(POINTS)
 
 
 CHILD = """

@@ -23,7 +23,7 @@ from typing import Any
 
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import RunConfig
-from ecp_lm.run.folder import has_checkpoint
+from ecp_lm.run.folder import CONFIG, has_checkpoint
 from ecp_lm.train.loop import train, train_or_resume
 
 TEMPORARY = ".branching-"
@@ -59,6 +59,19 @@ def branch(stable: Path, at: int, cfg: RunConfig, out: Path, progress: bool) -> 
     os.replace(tmp, out)
 
 
+def check_started_with(run: Path, cfg: RunConfig) -> None:
+    """ValueError when the run folder ``run`` was started at another learning rate or seed
+    than ``cfg``'s: a rate chosen anew (another grid) would otherwise resume it at the new rate
+    from a checkpoint trained at the old one, and mix the two silently."""
+    saved = run / CONFIG
+    if not saved.is_file():
+        return
+    old, new = RunConfig.load(str(saved), saved=True).train, cfg.train
+    if (old.lr, old.seed) != (new.lr, new.seed):
+        raise ValueError(f"{run} was started at lr {old.lr:g}, seed {old.seed}, not lr "
+                         f"{new.lr:g}, seed {new.seed}: move it away or use another --out")
+
+
 def clear_leftovers(folder: Path) -> None:
     """Remove the temporary copies a killed ``branch`` left in ``folder``."""
     for path in folder.glob(f"{TEMPORARY}*") if folder.is_dir() else ():
@@ -77,6 +90,8 @@ def annealed_curve(cfg: RunConfig, points: Sequence[int], fraction: float, out: 
     out.mkdir(parents=True, exist_ok=True)
     clear_leftovers(out)
     stable_cfg = wsd_config(cfg, points[-1], fraction)
+    for run in (out / "stable", *(out / f"decay{steps}" for steps in points)):
+        check_started_with(run, cfg)
     results = []
     for steps in points:
         run = out / f"decay{steps}"
