@@ -297,6 +297,11 @@ def relay(model: str, key: str, depths=(4, 6), where: str = SMALL) -> str:
     return span(c[key]["mean"] for c in cells)
 
 
+def curve_trial(model: str, lr: float) -> float:
+    """Validation bits per byte of the full curve's rate trial of ``model`` at ``lr``."""
+    return report(f"evidence/curve/full/select/{model}/lr{lr:g}/result.json")["bits_per_byte"]
+
+
 def relay_full(model: str, key: str, depths=(4, 6)) -> str:
     """``relay`` of the full budget's relay report."""
     return relay(model, key, depths, FULL["relay"])
@@ -483,6 +488,11 @@ QUOTES = {
         f"The\nbest binding-probe cell reads ECP ({binding('ecp', FULL['relay'])}) about as well "
         f"as the window and nearly as well as\nthe transformer "
         f"({binding('transformer', FULL['relay'])})")),
+    "README: the full curve's rate trials": (README, lambda: (
+        "which chose 8e-3, the highest, by {:.3f} bits/byte over 4e-3 (its bits/byte at 2e-3, "
+        "4e-3 and 8e-3: {}, {}, {})".format(
+            curve_trial("sliding_window", 4e-3) - curve_trial("sliding_window", 8e-3),
+            *(f"{curve_trial('sliding_window', lr):.3f}" for lr in (2e-3, 4e-3, 8e-3))))),
     "results.md: binding, small": (RESULTS, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
