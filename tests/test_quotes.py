@@ -575,3 +575,13 @@ def test_readme_names_the_full_curves_chosen_rates():
     quote = ("every model's rate is now inside the grid: 4e-3 for all but the entry-matched "
              "window, which chose 8e-3")
     assert quote in " ".join(README.read_text().split())
+
+
+def test_the_curves_first_point_is_its_trial_again():
+    """Seed 0's 300-step point on the full curve is the same annealed run as the 4e-3 trial
+    (seed 0, 300 steps, the same schedule), so its validation score is the trial's exactly, as
+    the README says."""
+    path = ROOT / "evidence/curve/full/curve/ecp/seed0/result.json"
+    point = json.loads(path.read_text())["points"][0]
+    assert point["steps"] == 300
+    assert point["bits_per_byte"] == curve_trial("ecp", 4e-3)
