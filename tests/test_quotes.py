@@ -86,7 +86,8 @@ def window_tile_range() -> str:
 
 SMALL = "docs/evidence/small"
 """Evidence III's small-budget reports, as the stages wrote them."""
-FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full"}
+FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full",
+        "curve": "evidence/curve/full"}
 """The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``)."""
 
 
@@ -299,7 +300,7 @@ def relay(model: str, key: str, depths=(4, 6), where: str = SMALL) -> str:
 
 def curve_trial(model: str, lr: float) -> float:
     """Validation bits per byte of the full curve's rate trial of ``model`` at ``lr``."""
-    return report(f"evidence/curve/full/select/{model}/lr{lr:g}/result.json")["bits_per_byte"]
+    return report(f"{FULL['curve']}/select/{model}/lr{lr:g}/result.json")["bits_per_byte"]
 
 
 def curve_rates() -> dict[str, float]:
@@ -524,20 +525,27 @@ STAGE_TABLES = {"recall": "ecp_lm.experiments.evidence.recall:recall_markdown",
 """Each small report in docs/ and the function of its stage that renders it."""
 
 
+def check_rendering(report_path: str, target: str, in_results: bool) -> None:
+    """The report ``report_path`` (.md beside its .json) is what ``target`` ("module:function")
+    renders from the JSON, and, when ``in_results``, results.md carries its table row for
+    row."""
+    import importlib
+
+    module, name = target.split(":")
+    rendered = getattr(importlib.import_module(module), name)(report(f"{report_path}.json"))
+    assert (ROOT / f"{report_path}.md").read_text() == rendered
+    if in_results:
+        rows = [line for line in rendered.splitlines() if line.startswith("| ")]
+        text = RESULTS.read_text().splitlines()
+        missing = [row for row in rows if row not in text]
+        assert rows and not missing, f"results.md lacks {missing[:2]}"
+
+
 @pytest.mark.parametrize("stage", list(STAGE_TABLES))
 def test_small_tables_are_the_stages_own(stage):
     """results.md's tables of an Evidence III stage are the ones its markdown renders from its
     JSON, row for row, and its report file in docs/ is that rendering."""
-    import importlib
-
-    module, name = STAGE_TABLES[stage].split(":")
-    rendered = getattr(importlib.import_module(module), name)(report(f"{SMALL}/{stage}.json"))
-    assert (ROOT / SMALL / f"{stage}.md").read_text() == rendered
-    rows = [line for line in rendered.splitlines() if line.startswith("| ")]
-    text = RESULTS.read_text().splitlines()
-    missing = [row for row in rows if row not in text]
-    assert rows and not missing, f"results.md lacks {missing[:2]}"
-
+    check_rendering(f"{SMALL}/{stage}", STAGE_TABLES[stage], in_results=True)
 
 
 FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
@@ -550,17 +558,7 @@ results.md carries its table (the relay's is linked and quoted, not copied)."""
 def test_full_reports_are_the_stages_own(stage):
     """A full report committed in evidence/ is its stage's rendering of the JSON beside it, and
     results.md's copy of its table is that table, row for row."""
-    import importlib
-
-    target, in_results = FULL_TABLES[stage]
-    module, name = target.split(":")
-    rendered = getattr(importlib.import_module(module), name)(
-        report(f"{FULL[stage]}/{stage}.json"))
-    assert (ROOT / FULL[stage] / f"{stage}.md").read_text() == rendered
-    if in_results:
-        rows = [line for line in rendered.splitlines() if line.startswith("| ")]
-        missing = [row for row in rows if row not in RESULTS.read_text().splitlines()]
-        assert rows and not missing, f"results.md lacks {missing[:2]}"
+    check_rendering(f"{FULL[stage]}/{stage}", *FULL_TABLES[stage])
 
 
 def test_readme_names_the_full_curves_chosen_rates():
@@ -581,7 +579,6 @@ def test_the_curves_first_point_is_its_trial_again():
     """Seed 0's 300-step point on the full curve is the same annealed run as the 4e-3 trial
     (seed 0, 300 steps, the same schedule), so its validation score is the trial's exactly, as
     the README says."""
-    path = ROOT / "evidence/curve/full/curve/ecp/seed0/result.json"
-    point = json.loads(path.read_text())["points"][0]
+    point = report(f"{FULL['curve']}/curve/ecp/seed0/result.json")["points"][0]
     assert point["steps"] == 300
     assert point["bits_per_byte"] == curve_trial("ecp", 4e-3)
