@@ -140,6 +140,12 @@ def wandb_records(path: Path):
             yield record
 
 
+def run_folders(wandb_dir: Path, run_id: str) -> list[Path]:
+    """The offline folders of one W&B run, found by the ``run-ID.wandb`` file each holds: a
+    folder's own name gains a ``-1`` suffix when two parts start within the same second."""
+    return sorted(path.parent for path in wandb_dir.glob(f"offline-run-*/run-{run_id}.wandb"))
+
+
 def offline_run(folder: Path) -> dict:
     """What one offline W&B run folder holds: its run record and its history rows."""
     (path,) = folder.glob("run-*.wandb")
@@ -156,7 +162,20 @@ def offline_run(folder: Path) -> dict:
             "config": config, "history": history}
 
 
-def test_wandb_logs_the_records_and_a_resume_continues_its_run(tmp_path, wandb_offline):
+@pytest.mark.parametrize("same_second", [False, True])
+def test_wandb_logs_the_records_and_a_resume_continues_its_run(tmp_path, wandb_offline,
+                                                               monkeypatch, same_second):
+    if same_second:  # both parts stamped with one second: W&B suffixes the second's folder
+        from datetime import datetime
+
+        from wandb.sdk import wandb_settings
+
+        class OneSecond(datetime):
+            @classmethod
+            def fromtimestamp(cls, *args, **kwargs):
+                return datetime(2026, 1, 1, 12, 0, 0)
+
+        monkeypatch.setattr(wandb_settings, "datetime", OneSecond)
     cfg = tiny_run_config(tmp_path, steps=4, logger="wandb", wandb_project="ecp-tests",
                           wandb_name="tiny-ecp")
     run = tmp_path / "run"
@@ -165,7 +184,7 @@ def test_wandb_logs_the_records_and_a_resume_continues_its_run(tmp_path, wandb_o
     train(cfg, run, resume=True, progress=False)
     assert (run / "wandb-run-id").read_text().strip() == run_id
     assert not (run / "tensorboard").exists()  # only the logger named
-    parts = [offline_run(f) for f in sorted((run / "wandb").glob(f"offline-run-*-{run_id}"))]
+    parts = [offline_run(f) for f in run_folders(run / "wandb", run_id)]
     assert len(parts) == 2  # the start and the resume, one W&B run
     logged_train, logged_valid = records(run, "train"), records(run, "valid")
     rows = [row for part in parts for row in part["history"]]
@@ -193,7 +212,7 @@ def test_a_new_start_gets_a_new_wandb_run(tmp_path, wandb_offline):
     assert first != second
     names = {offline_run(f)["name"] for f in (tmp_path / "run" / "wandb").glob("offline-run-*")}
     assert names == {"run"}  # the run folder's name
-    assert len(list((tmp_path / "run" / "wandb").glob(f"offline-run-*-{first}"))) == 1
+    assert len(run_folders(tmp_path / "run" / "wandb", first)) == 1
 
 
 def train_redirected(tmp_path, *options) -> tuple[str, Path]:
