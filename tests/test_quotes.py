@@ -130,13 +130,43 @@ def full_steps(stage: str) -> int:
     return sum(w.steps for w in stage_work(stage, "full"))
 
 
-def curve_model(model: str, name: str = "curve") -> dict:
-    return stage_model(name, model)
+def curve_model(model: str, name: str = "curve", where: str = SMALL) -> dict:
+    return stage_model(name, model, where)
 
 
-def curve_cell(model: str, steps: int, name: str = "curve") -> str:
-    cell = curve_model(model, name)["points"][str(steps)]["bits_per_byte"]
+def curve_cell(model: str, steps: int, name: str = "curve", where: str = SMALL) -> str:
+    cell = curve_model(model, name, where)["points"][str(steps)]["bits_per_byte"]
     return f"{cell['mean']:.4f} ± {cell['half_range']:.4f}"
+
+
+def full_curve(model: str) -> dict:
+    return curve_model(model, where=FULL["curve"])
+
+
+def full_cell(model: str, steps: int) -> str:
+    return curve_cell(model, steps, where=FULL["curve"])
+
+
+def full_gain(model: str, steps: int = 1200) -> dict:
+    """One model's context gain on the full curve (mean, half-range, min and max of seeds)."""
+    return full_curve(model)["points"][str(steps)]["context_gain_bits"]
+
+
+def signed(cell: dict) -> str:
+    return f"{cell['mean']:+.4f} ± {cell['half_range']:.4f}"
+
+
+def full_curve_spread() -> str:
+    """The full curve's seed half-ranges at 1,200 steps against the largest gap between the
+    models' means there, with the two models that make it."""
+    at = {m: full_curve(m)["points"]["1200"]["bits_per_byte"]
+          for m in report(f"{FULL['curve']}/curve.json")["models"]}
+    halves = sorted(c["half_range"] for c in at.values())
+    low, high = (min(at, key=lambda m: at[m]["mean"]), max(at, key=lambda m: at[m]["mean"]))
+    assert (low, high) == ("sliding_window_tiles", "sliding_window")
+    return (f"half-ranges there ({halves[0]:.3f} to {halves[-1]:.3f} bits/byte) are as large as "
+            f"the gaps between the means (at most {at[high]['mean'] - at[low]['mean']:.3f}, the "
+            "tile-matched window against the entry-matched one)")
 
 
 def hybrid_curve(model: str) -> dict:
@@ -503,6 +533,48 @@ QUOTES = {
         "1.6e-2: {}, {}, {}, {})".format(
             curve_trial("sliding_window", 4e-3) - curve_trial("sliding_window", 8e-3),
             *(f"{curve_trial('sliding_window', lr):.3f}" for lr in (2e-3, 4e-3, 8e-3, 1.6e-2))))),
+    "results.md: curve, full, context": (RESULTS, lambda: (
+        "({} bits/byte, {:.4f} to {:.4f})".format(signed(full_gain("transformer")),
+                                                   full_gain("transformer")["min"],
+                                                   full_gain("transformer")["max"])
+        + ", so at this budget the experiment can see long context. ECP's is positive in every "
+        "seed too, but less than a tenth of it ({}, {:.4f} to {:.4f}), the ranges separated. "
+        "The entry-matched window's ({}) overlaps both".format(
+            signed(full_gain("ecp")), full_gain("ecp")["min"], full_gain("ecp")["max"],
+            signed(full_gain("sliding_window"))))),
+    "results.md: curve, full, the context verdict": (RESULTS, lambda: (
+        f"({signed(full_gain('transformer'))} bits/byte), ECP less than a tenth of that "
+        f"({signed(full_gain('ecp'))})")),
+    "results.md: curve, full, what a GPU would settle": (RESULTS, lambda: (
+        f"positive in every seed but small ({signed(full_gain('transformer'))} bits/byte)")),
+    "README: curve, full, context": (README, lambda: (
+        f"in every seed ({signed(full_gain('transformer'))} bits/byte) and ECP less than a "
+        f"tenth of that ({signed(full_gain('ecp'))})")),
+    "results.md: curve, full, the entry-matched window": (RESULTS, lambda: (
+        f"({full_cell('ecp', 600)} against {full_cell('sliding_window', 600)} at 600 steps, "
+        f"{full_cell('ecp', 1200)} against {full_cell('sliding_window', 1200)} at 1,200)")),
+    "results.md: curve, full, the tile-matched window": (RESULTS, lambda: (
+        f"({full_cell('sliding_window_tiles', 300)} against {full_cell('ecp', 300)} at 300 "
+        f"steps, {full_cell('sliding_window_tiles', 600)} against {full_cell('ecp', 600)} at "
+        "600). This window costs ECP's tiles, {:.2f} of its entries, and its step {:.2f} of "
+        "ECP's here.".format(
+            full_curve("sliding_window_tiles")["costs"]["entries"]
+            / full_curve("ecp")["costs"]["entries"],
+            full_curve("sliding_window_tiles")["step_s"] / full_curve("ecp")["step_s"]))),
+    "results.md: curve, full, transformer": (RESULTS, lambda: (
+        f"({full_cell('ecp', 600)} against {full_cell('transformer', 600)} at 600 steps). The "
+        "transformer's step takes {:.2f}× ECP's here ({:.3f} s against {:.3f} s), so ECP's 600 "
+        "steps ({:.0f} s) are also ahead of the transformer's 600 ({:.0f} s).".format(
+            full_curve("transformer")["step_s"] / full_curve("ecp")["step_s"],
+            full_curve("transformer")["step_s"], full_curve("ecp")["step_s"],
+            600 * full_curve("ecp")["step_s"], 600 * full_curve("transformer")["step_s"]))),
+    "results.md: curve, full, s2": (RESULTS, lambda: (
+        f"at the lowest cost ({full_curve('s2')['costs']['entries']:.3f} of full attention's "
+        f"entries); at 1,200 steps it is level with every model ({full_cell('s2', 1200)}, the "
+        "narrowest range)")),
+    "results.md: curve, full, the spread at 1,200": (RESULTS, full_curve_spread),
+    "results.md: curve, full, orderings": (RESULTS, lambda: "\n".join(
+        f"- {call}" for call in report(f"{FULL['curve']}/curve.json")["equal_time"])),
     "results.md: binding, small": (RESULTS, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
@@ -549,7 +621,8 @@ def test_small_tables_are_the_stages_own(stage):
 
 
 FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
-               "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False)}
+               "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False),
+               "curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True)}
 """Each finished full report in ``evidence/``, the function that renders it and whether
 results.md carries its table (the relay's is linked and quoted, not copied)."""
 
@@ -582,3 +655,30 @@ def test_the_curves_first_point_is_its_trial_again():
     point = report(f"{FULL['curve']}/curve/ecp/seed0/result.json")["points"][0]
     assert point["steps"] == 300
     assert point["bits_per_byte"] == curve_trial("ecp", 4e-3)
+
+
+def test_the_full_curves_verdicts_are_its_orderings():
+    """What results.md and the README say of the full curve is what its report called: ECP
+    ahead of the entry-matched window and of the transformer at 600 steps only (the latter at
+    equal time too), the tile-matched window ahead of ECP at 300 and 600, s2 ahead early, no
+    ordering at 1,200, and the context gains: the transformer's positive in every seed, ECP's
+    below its range and under a tenth of its mean."""
+    summary = report(f"{FULL['curve']}/curve.json")
+    calls = summary["orderings"]
+
+    def ahead(a: str, b: str) -> list[str]:
+        return [steps for steps, called in calls.items() if f"{a} < {b}" in called]
+
+    assert ahead("ecp", "sliding_window") == ["600"] and not ahead("sliding_window", "ecp")
+    assert ahead("sliding_window_tiles", "ecp") == ["300", "600"]
+    assert not ahead("ecp", "sliding_window_tiles")
+    assert ahead("ecp", "transformer") == ["600"] and not ahead("transformer", "ecp")
+    others = [m for m in summary["models"] if m != "s2"]
+    assert all(ahead("s2", m)[:1] == ["300"] for m in others)
+    assert [m for m in others if "600" not in ahead("s2", m)] == ["sliding_window_tiles"]
+    assert calls["1200"] == []
+    assert any(call.startswith("ecp < transformer (ecp at 600 steps")
+               for call in summary["equal_time"])
+    ecp, transformer = full_gain("ecp"), full_gain("transformer")
+    assert transformer["min"] > 0 and ecp["min"] > 0 and ecp["max"] < transformer["min"]
+    assert ecp["mean"] < transformer["mean"] / 10
