@@ -682,3 +682,22 @@ def test_the_full_curves_verdicts_are_its_orderings():
     ecp, transformer = full_gain("ecp"), full_gain("transformer")
     assert transformer["min"] > 0 and ecp["min"] > 0 and ecp["max"] < transformer["min"]
     assert ecp["mean"] < transformer["mean"] / 10
+
+
+def test_the_full_curves_paired_seeds_are_as_results_md_says():
+    """At 1,200 steps, seed by seed: the tile-matched window below the entry-matched one and the
+    transformer in every seed, every difference with ECP changing sign, ECP's seed 1 its worst
+    and the best of both windows and the transformer."""
+    at = {m: full_curve(m)["points"]["1200"]["per_seed"]
+          for m in report(f"{FULL['curve']}/curve.json")["models"]}
+
+    def signs(a: str, b: str) -> set[bool]:
+        return {x < y for x, y in zip(at[a], at[b], strict=True)}
+
+    assert signs("sliding_window_tiles", "sliding_window") == {True}
+    assert signs("sliding_window_tiles", "transformer") == {True}
+    assert all(signs("ecp", m) == {True, False} for m in at if m != "ecp")
+    assert max(range(3), key=lambda s: at["ecp"][s]) == 1
+    assert all(min(range(3), key=lambda s: at[m][s]) == 1
+               for m in ("sliding_window", "sliding_window_tiles", "transformer"))
+    assert "**The seeds are paired.**" in RESULTS.read_text()
