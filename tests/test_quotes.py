@@ -156,6 +156,13 @@ def signed(cell: dict) -> str:
     return f"{cell['mean']:+.4f} ± {cell['half_range']:.4f}"
 
 
+def gain_span(model: str) -> str:
+    """The lowest and highest seed's context gain of ``model`` at 1,200 steps on the full
+    curve."""
+    gain = full_gain(model)
+    return f"{gain['min']:.4f} to {gain['max']:.4f}"
+
+
 def full_curve_spread() -> str:
     """The full curve's seed half-ranges at 1,200 steps against the largest gap between the
     models' means there, with the two models that make it."""
@@ -534,14 +541,11 @@ QUOTES = {
             curve_trial("sliding_window", 4e-3) - curve_trial("sliding_window", 8e-3),
             *(f"{curve_trial('sliding_window', lr):.3f}" for lr in (2e-3, 4e-3, 8e-3, 1.6e-2))))),
     "results.md: curve, full, context": (RESULTS, lambda: (
-        "({} bits/byte, {:.4f} to {:.4f})".format(signed(full_gain("transformer")),
-                                                   full_gain("transformer")["min"],
-                                                   full_gain("transformer")["max"])
-        + ", so at this budget the experiment can see long context. ECP's is positive in every "
-        "seed too, but less than a tenth of it ({}, {:.4f} to {:.4f}), the ranges separated. "
-        "The entry-matched window's ({}) overlaps both".format(
-            signed(full_gain("ecp")), full_gain("ecp")["min"], full_gain("ecp")["max"],
-            signed(full_gain("sliding_window"))))),
+        f"({signed(full_gain('transformer'))} bits/byte, {gain_span('transformer')}), so at "
+        "this budget the experiment can see long context. ECP's is positive in every seed too, "
+        f"but less than a tenth of it ({signed(full_gain('ecp'))}, {gain_span('ecp')}), the "
+        "ranges separated. The entry-matched window's "
+        f"({signed(full_gain('sliding_window'))}) overlaps both")),
     "results.md: curve, full, the context verdict": (RESULTS, lambda: (
         f"({signed(full_gain('transformer'))} bits/byte), ECP less than a tenth of that "
         f"({signed(full_gain('ecp'))})")),
@@ -697,7 +701,8 @@ def test_the_full_curves_paired_seeds_are_as_results_md_says():
     assert signs("sliding_window_tiles", "sliding_window") == {True}
     assert signs("sliding_window_tiles", "transformer") == {True}
     assert all(signs("ecp", m) == {True, False} for m in at if m != "ecp")
-    assert max(range(3), key=lambda s: at["ecp"][s]) == 1
-    assert all(min(range(3), key=lambda s: at[m][s]) == 1
+    seeds = range(len(at["ecp"]))
+    assert max(seeds, key=lambda s: at["ecp"][s]) == 1
+    assert all(min(seeds, key=lambda s: at[m][s]) == 1
                for m in ("sliding_window", "sliding_window_tiles", "transformer"))
     assert "**The seeds are paired.**" in RESULTS.read_text()
