@@ -57,7 +57,10 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
                     assert c["gap_bits"] == c["valid_bits"] - c["train_bits"]
                 assert result["best_valid_bits"] == min(c["valid_bits"]
                                                         for c in result["curve"])
-    assert len(summary["findings"]) == 2 * (len(ARCHS) - 1) + len(ARCHS)
+    # The two predictions for each other model, each one's best dropout, each cell's turn.
+    assert len(summary["findings"]) == 2 * (len(ARCHS) - 1) + len(ARCHS) + len(summary["table"])
+    for row in summary["table"].values():
+        assert [e["epoch"] for e in row["by_epoch"]] == [k + 1.0 for k in range(budget.epochs)]
     assert summary["costs"]["transformer"]["entries"] > summary["costs"]["ecp"]["entries"]
     times = json.loads((out / "step_s.json").read_text())  # every cell timed in one invocation
     assert set(times) == {f"{a}/{p:g}" for a in ARCHS for p in DROPOUTS}
@@ -65,6 +68,7 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
         assert row["step_s"] == times[key] > 0 and row["train_step_s"] > 0
     assert "timed one model after another" in (out / "dropout.md").read_text()
     assert "| ecp | 0.1 |" in (out / "dropout.md").read_text()
+    assert "| ecp | 0.1 | gap |" in (out / "dropout.md").read_text()
 
     def no_training(*args, **kwargs):
         raise AssertionError("a finished stage trained again")

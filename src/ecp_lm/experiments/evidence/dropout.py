@@ -149,13 +149,14 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
             **{k: spread([r[k] for r in runs])
                for k in ("best_valid_bits", "gap_at_best", "final_gap", "best_epoch")},
             "step_s": times[f"{arch}/{dropout:g}"],
-            "train_step_s": statistics.median(r["step_s"] for r in runs)}
+            "train_step_s": statistics.median(r["step_s"] for r in runs),
+            "by_epoch": by_epoch(runs)}
     summary = {"budget": budget_name, "size": budget.size, "epochs": budget.epochs,
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,
                "costs": {arch: costs(ModelConfig(vocab_size=256, **budget.size, arch=arch))
                          for arch in ARCHS},
-               "table": table, "findings": findings(table)}
+               "table": table, "findings": findings(table, budget.epochs)}
     write_json(out / "dropout.json", summary)
     write_bytes_atomic(out / "dropout.md", dropout_markdown(summary).encode())
     return summary
@@ -168,8 +169,33 @@ def step_seconds(run: Path, budget: DropoutBudget) -> float:
     return budget.batch_size * budget.size["seq_len"] / train_tokens_per_s(run)
 
 
-def findings(table: dict[str, Any]) -> list[str]:
-    """The claim's two predictions, checked where the seeds' ranges separate."""
+def by_epoch(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Validation bits/byte and the train-validation gap at the end of each epoch, over the
+    seeds (mean, range)."""
+    return [{"epoch": points[0]["epoch"],
+             "valid_bits": spread([p["valid_bits"] for p in points]),
+             "gap_bits": spread([p["gap_bits"] for p in points])}
+            for points in zip(*(r["curve"] for r in runs), strict=True)]
+
+
+def turning(row: dict[str, Any], epochs: int) -> str:
+    """Whether validation has turned in a cell: the epochs of its seeds' best scores and, where
+    every seed's best came before the last epoch, how far validation rose after it."""
+    first, last = row["best_epoch"]["min"], row["best_epoch"]["max"]
+    where = f"epoch {first:g}" if first == last else f"epochs {first:g}-{last:g}"
+    head = (f"{row['arch']} at dropout {row['dropout']:g}: best validation at {where} of "
+            f"{epochs}")
+    if last < epochs:
+        rise = row["by_epoch"][-1]["valid_bits"]["mean"] - row["best_valid_bits"]["mean"]
+        return head + f", then {rise:+.4f} bits/byte by the last (every seed overfits)"
+    if first == epochs:
+        return head + " (still improving in every seed)"
+    return head + " (some seeds still improving)"
+
+
+def findings(table: dict[str, Any], epochs: int | None = None) -> list[str]:
+    """The claim's two predictions, checked where the seeds' ranges separate, and, where the
+    table has its epochs (``by_epoch``), whether each cell's validation has turned."""
     out = []
     ecp0 = table["ecp/0"]
     for arch in ARCHS[1:]:
@@ -193,6 +219,8 @@ def findings(table: dict[str, Any]) -> list[str]:
         out.append(f"ecp's best-validation advantage over {arch}: {at_zero} at dropout 0; "
                    f"{at_best} with each at its best dropout (ecp "
                    f"{best['ecp']['dropout']:g}, {arch} {best[arch]['dropout']:g})")
+    if epochs is not None and all("by_epoch" in row for row in table.values()):
+        out += [turning(row, epochs) for row in table.values()]
     return out
 
 
@@ -239,5 +267,16 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
                  for k in ("best_valid_bits", "best_epoch", "gap_at_best", "final_gap")]
         lines.append(f"| {row['arch']} | {row['dropout']:g} | {row['step_s']:.3f} | "
                      + " | ".join(cells) + " |")
+    if all("by_epoch" in row for row in summary["table"].values()):
+        epochs = [f"{e['epoch']:g}" for e in next(iter(summary["table"].values()))["by_epoch"]]
+        lines += ["", "Over training, at the end of each epoch, the mean over the seeds (their "
+                  "ranges are in the JSON): the train-validation gap and validation bits/byte.",
+                  "", "| arch | dropout | measure | " + " | ".join(epochs) + " |",
+                  "|---|---|---|" + "---|" * len(epochs)]
+        for row in summary["table"].values():
+            for key, label in (("gap_bits", "gap"), ("valid_bits", "valid")):
+                means = [f"{e[key]['mean']:.3f}" for e in row["by_epoch"]]
+                lines.append(f"| {row['arch']} | {row['dropout']:g} | {label} | "
+                             + " | ".join(means) + " |")
     lines += ["", "Findings:", ""] + [f"- {f}" for f in summary["findings"]]
     return "\n".join(lines) + "\n"
