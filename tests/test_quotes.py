@@ -11,6 +11,7 @@ import pytest
 
 from ecp_lm.bench.complexity import attention_cost
 from ecp_lm.config import ModelConfig
+from ecp_lm.experiments.evidence.dropout import DROPOUT_BUDGETS
 
 ROOT = Path(__file__).resolve().parents[1]
 README, RESULTS = ROOT / "README.md", ROOT / "docs" / "results.md"
@@ -87,7 +88,7 @@ def window_tile_range() -> str:
 SMALL = "docs/evidence/small"
 """Evidence III's small-budget reports, as the stages wrote them."""
 FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full",
-        "curve": "evidence/curve/full"}
+        "curve": "evidence/curve/full", "dropout": "evidence/dropout/full"}
 """The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``)."""
 
 
@@ -272,12 +273,40 @@ def hybrid_against_pure() -> str:
                 curve_cell("ecp", 200, "hybrid-curve"), curve_cell("s2", 200, "hybrid-curve")))
 
 
-def dropout_cell(cell: str, key: str) -> dict:
-    return report(f"{SMALL}/dropout.json")["table"][cell][key]
+def dropout_cell(cell: str, key: str, where: str = SMALL) -> dict:
+    return report(f"{where}/dropout.json")["table"][cell][key]
 
 
-def dropout_costs(arch: str) -> dict:
-    return report(f"{SMALL}/dropout.json")["costs"][arch]
+def dropout_costs(arch: str, where: str = SMALL) -> dict:
+    return report(f"{where}/dropout.json")["costs"][arch]
+
+
+def full_dropout(cell: str, key: str) -> str:
+    """One cell's measure on the full dropout stage, mean ± h to four places."""
+    c = dropout_cell(cell, key, FULL["dropout"])
+    return f"{c['mean']:.4f} ± {c['half_range']:.4f}"
+
+
+def full_dropout_epoch(cell: str, epoch: int) -> dict:
+    return report(f"{FULL['dropout']}/dropout.json")["table"][cell]["by_epoch"][epoch - 1]
+
+
+def full_dropout_rise(cell: str) -> str:
+    """How far a cell's validation mean rose from its best to its last epoch."""
+    row = report(f"{FULL['dropout']}/dropout.json")["table"][cell]
+    return f"{row['by_epoch'][-1]['valid_bits']['mean'] - row['best_valid_bits']['mean']:+.4f}"
+
+
+def full_dropout_apart() -> str:
+    """The distance between ECP's and the entry-matched window's final gaps' ranges."""
+    ecp, window = (dropout_cell(f"{m}/0", "final_gap", FULL["dropout"])
+                   for m in ("ecp", "sliding_window"))
+    return f"{window['min'] - ecp['max']:.4f}"
+
+
+def full_dropout_gap_claim() -> str:
+    return (f"({full_dropout('ecp/0', 'final_gap')} against "
+            f"{full_dropout('transformer/0', 'final_gap')} bits/byte, separated)")
 
 
 def dropout_gaps() -> str:
@@ -579,6 +608,37 @@ QUOTES = {
     "results.md: curve, full, the spread at 1,200": (RESULTS, full_curve_spread),
     "results.md: curve, full, orderings": (RESULTS, lambda: "\n".join(
         f"- {call}" for call in report(f"{FULL['curve']}/curve.json")["equal_time"])),
+    "results.md: dropout, full, the regime": (RESULTS, lambda: (
+        "the first {:,} bytes of enwiki-mini's training text for {} epochs of {} steps (batch "
+        "{})".format(*(report(f"{FULL['dropout']}/dropout.json")[k] for k in (
+            "train_bytes", "epochs", "steps_per_epoch")), DROPOUT_BUDGETS["full"].batch_size) + (
+        ", ecp, sliding_window (matched in entries, w = {window}) ".format(
+            **dropout_costs("sliding_window", FULL["dropout"]))))),
+    "results.md: dropout, full, the turn": (RESULTS, lambda: (
+        f"best at epochs 8-9 of 10, then {full_dropout_rise('ecp/0')} and "
+        f"{full_dropout_rise('sliding_window/0')} bits/byte by the last")),
+    "results.md: dropout, full, the gaps": (RESULTS, lambda: (
+        f"ECP's final gap is {full_dropout('ecp/0', 'final_gap')} bits/byte, larger than the "
+        f"transformer's ({full_dropout('transformer/0', 'final_gap')}, ranges separated)")),
+    "results.md: dropout, full, the window's gap": (RESULTS, lambda: (
+        f"ECP's final gap is the smaller ({full_dropout('sliding_window/0', 'final_gap')} for "
+        f"the window, the ranges {full_dropout_apart()} apart); at their best epochs the three "
+        f"gaps are not separated (ECP {full_dropout('ecp/0', 'gap_at_best')})")),
+    "results.md: dropout, full, best validation": (RESULTS, lambda: (
+        f"The transformer reaches {full_dropout('transformer/0', 'best_valid_bits')} bits/byte, "
+        f"ECP {full_dropout('ecp/0', 'best_valid_bits')} and the window "
+        f"{full_dropout('sliding_window/0', 'best_valid_bits')}; ECP is separated from "
+        "neither, and the transformer is ahead of the window, ranges separated")),
+    "results.md: dropout, full, dropout 0.1": (RESULTS, lambda: (
+        "(ECP's final gap from {:.4f} to {:.4f} at 0.1) but costs more validation than it saves "
+        "within 10 epochs (ECP {} at 0.1)".format(
+            dropout_cell("ecp/0", "final_gap", FULL["dropout"])["mean"],
+            dropout_cell("ecp/0.1", "final_gap", FULL["dropout"])["mean"],
+            full_dropout("ecp/0.1", "best_valid_bits")))),
+    "results.md: dropout, full, verdict": (RESULTS, full_dropout_gap_claim),
+    "README: dropout, full": (README, lambda: (
+        f"ECP's train–validation gap is larger than the transformer's "
+        f"{full_dropout_gap_claim()}")),
     "results.md: binding, small": (RESULTS, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
@@ -626,7 +686,8 @@ def test_small_tables_are_the_stages_own(stage):
 
 FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
                "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False),
-               "curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True)}
+               "curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True),
+               "dropout": ("ecp_lm.experiments.evidence.dropout:dropout_markdown", True)}
 """Each finished full report in ``evidence/``, the function that renders it and whether
 results.md carries its table (the relay's is linked and quoted, not copied)."""
 
@@ -706,3 +767,58 @@ def test_the_full_curves_paired_seeds_are_as_results_md_says():
     assert all(min(seeds, key=lambda s: at[m][s]) == 1
                for m in ("sliding_window", "sliding_window_tiles", "transformer"))
     assert "**The seeds are paired.**" in RESULTS.read_text()
+
+
+def test_the_full_dropout_verdicts_are_its_findings():
+    """What results.md and the README say of the full dropout stage is what its table holds:
+    validation turned at dropout 0 in every seed of ECP and the entry-matched window and in two
+    of the transformer's, ECP's final gap above the transformer's and below the window's (ranges
+    separated) and its mean gap above the transformer's at every epoch (separated at 1 and
+    7-10, and at 7 with validation means within 0.002), the gaps at best unseparated, ECP's
+    best score level with both others' and the transformer's ahead of the window's, every
+    model's best at dropout 0, and one dropout run that has turned."""
+    from ecp_lm.experiments.evidence.stats import separated
+
+    summary = report(f"{FULL['dropout']}/dropout.json")
+    table, epochs = summary["table"], summary["epochs"]
+    best_epoch = {cell: (row["best_epoch"]["min"], row["best_epoch"]["max"])
+                  for cell, row in table.items()}
+    assert best_epoch["ecp/0"] == best_epoch["sliding_window/0"] == (8.0, 9.0)
+    assert best_epoch["transformer/0"] == (9.0, 10.0)
+    seeds = [c["best_epoch"] for c in (report(
+        f"{FULL['dropout']}/runs/transformer/dropout0/seed{s}/result.json") for s in range(3))]
+    assert sorted(seeds) == [9.0, 9.0, 10.0]
+    turned = [cell for cell, (_, last) in best_epoch.items()
+              if last < epochs and not cell.endswith("/0")]
+    assert turned == [] and [c for c, (first, _) in best_epoch.items()
+                             if first < epochs and not c.endswith("/0")] == ["transformer/0.1"]
+
+    def cell(model, key, where=table):
+        return where[f"{model}/0"][key]
+
+    assert separated(cell("ecp", "final_gap"), cell("transformer", "final_gap")) == 1
+    assert separated(cell("ecp", "final_gap"), cell("sliding_window", "final_gap")) == -1
+    for a, b in (("ecp", "transformer"), ("ecp", "sliding_window"),
+                 ("sliding_window", "transformer")):
+        assert separated(cell(a, "gap_at_best"), cell(b, "gap_at_best")) == 0, (a, b)
+    assert separated(cell("ecp", "best_valid_bits"), cell("transformer", "best_valid_bits")) == 0
+    assert separated(cell("ecp", "best_valid_bits"),
+                     cell("sliding_window", "best_valid_bits")) == 0
+    assert separated(cell("transformer", "best_valid_bits"),
+                     cell("sliding_window", "best_valid_bits")) == -1
+    sides = [separated(full_dropout_epoch("ecp/0", e)["gap_bits"],
+                       full_dropout_epoch("transformer/0", e)["gap_bits"])
+             for e in range(1, epochs + 1)]
+    assert [e + 1 for e, side in enumerate(sides) if side] == [1, 7, 8, 9, 10]
+    assert not any(side < 0 for side in sides)
+    assert all(full_dropout_epoch("ecp/0", e)["gap_bits"]["mean"]
+               > full_dropout_epoch("transformer/0", e)["gap_bits"]["mean"]
+               for e in range(1, epochs + 1))
+    valid7 = [full_dropout_epoch(f"{m}/0", 7)["valid_bits"]["mean"]
+              for m in ("ecp", "transformer")]
+    assert abs(valid7[0] - valid7[1]) < 0.002
+    models = {row["arch"] for row in table.values()}
+    for model in models:
+        best = min((row for row in table.values() if row["arch"] == model),
+                   key=lambda row: row["best_valid_bits"]["mean"])
+        assert best["dropout"] == 0, model

@@ -14,10 +14,10 @@ from test_integration import fetched
 from ecp_lm.experiments.evidence import dropout as dropout_module
 from ecp_lm.experiments.evidence import main
 from ecp_lm.experiments.evidence.dropout import (
-    ARCHS,
     DROPOUT_BUDGETS,
     DROPOUTS,
     FILES,
+    MODELS,
     steps_per_epoch,
 )
 from ecp_lm.run.config import RunConfig
@@ -42,15 +42,20 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
         assert limit - 4096 < len(data) <= limit  # cut at the last line end before the limit
     summary = json.loads((out / "dropout.json").read_text())
     epoch = steps_per_epoch(budget)
-    assert set(summary["table"]) == {f"{a}/{d:g}" for a in ARCHS for d in DROPOUTS}
-    for arch in ARCHS:
+    assert set(summary["table"]) == {f"{a}/{d:g}" for a in MODELS for d in DROPOUTS}
+    for arch in MODELS:
         for dropout in DROPOUTS:
             for seed in range(3):
                 folder = out / "runs" / arch / f"dropout{dropout:g}" / f"seed{seed}"
                 result = json.loads((folder / "result.json").read_text())
                 cfg = RunConfig.load(str(folder / "run" / "config.yaml"), saved=True)
                 assert (cfg.model.arch, cfg.model.dropout, cfg.train.seed) == (
-                    arch, dropout, seed)
+                    "sliding_window" if arch.startswith("sliding") else arch, dropout, seed)
+                m = budget.size["seq_len"] // budget.size["num_segments"]
+                if arch == "sliding_window_tiles":  # matched in tiles: w = m
+                    assert cfg.model.window == m
+                elif arch == "sliding_window":  # matched in entries: the default, wider
+                    assert cfg.model.window is None or cfg.model.window > m
                 assert [c["step"] for c in result["curve"]] == [
                     epoch * (k + 1) for k in range(budget.epochs)]
                 for c in result["curve"]:
@@ -58,12 +63,12 @@ def test_tiny_dropout_stage(tmp_path, monkeypatch):
                 assert result["best_valid_bits"] == min(c["valid_bits"]
                                                         for c in result["curve"])
     # The two predictions for each other model, each one's best dropout, each cell's turn.
-    assert len(summary["findings"]) == 2 * (len(ARCHS) - 1) + len(ARCHS) + len(summary["table"])
+    assert len(summary["findings"]) == 2 * (len(MODELS) - 1) + len(MODELS) + len(summary["table"])
     for row in summary["table"].values():
         assert [e["epoch"] for e in row["by_epoch"]] == [k + 1.0 for k in range(budget.epochs)]
     assert summary["costs"]["transformer"]["entries"] > summary["costs"]["ecp"]["entries"]
     times = json.loads((out / "step_s.json").read_text())  # every cell timed in one invocation
-    assert set(times) == {f"{a}/{p:g}" for a in ARCHS for p in DROPOUTS}
+    assert set(times) == {f"{a}/{p:g}" for a in MODELS for p in DROPOUTS}
     for key, row in summary["table"].items():
         assert row["step_s"] == times[key] > 0 and row["train_step_s"] > 0
     assert "timed one model after another" in (out / "dropout.md").read_text()

@@ -100,7 +100,7 @@ def test_the_report_has_the_gap_over_training_when_the_table_has_its_epochs():
                "epochs": 2, "steps_per_epoch": 8, "train_bytes": 100, "seeds": 2,
                "costs": {}, "table": {"ecp/0.1": row}, "findings": []}
     text = dropout_markdown(summary)
-    assert "| arch | dropout | measure | 1 | 2 |" in text
+    assert "| model | dropout | measure | 1 | 2 |" in text
     assert "| ecp | 0.1 | gap | 0.150 | 0.550 |" in text
     assert "| ecp | 0.1 | valid | 3.100 | 2.550 |" in text
     del row["by_epoch"]

@@ -34,7 +34,8 @@ def test_steps_counted_by_hand():
     # dropout tiny: 16,384 bytes in batches of 32 x 64 is 8 steps an epoch, 2 epochs, 3 seeds,
     # for each rate apart, each timed at its own rate.
     assert steps("dropout") == {f"{a} dropout {p}": 8 * 2 * 3 for a in
-                                ("ecp", "sliding_window", "transformer") for p in (0, 0.1, 0.2)}
+                                ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
+                                for p in (0, 0.1, 0.2)}
     assert {w.cfg.dropout for w in plan_module.stage_work("dropout", "tiny")} == {0, 0.1, 0.2}
     # hybrid: recall at L = 4 (trials there) and 8, then the curve at 4 layers; the
     # transformer's trials and L = 4 seeds are the recall stage's runs, not counted again.
@@ -53,13 +54,13 @@ def test_steps_counted_by_hand():
 
 def test_hours_are_steps_times_step_time_over_jobs(fixed_step, capsys):
     p = plan_module.plan("dropout", "tiny", jobs=2, threads=1)
-    assert [r["step_s"] for r in p["rows"]] == [16.0] * 9  # batch 32
-    assert p["hours"] == pytest.approx(9 * 48 * 16.0 / 3600 / 2)
+    assert [r["step_s"] for r in p["rows"]] == [16.0] * 12  # batch 32
+    assert p["hours"] == pytest.approx(12 * 48 * 16.0 / 3600 / 2)
     assert evidence.main(["--stage", "dropout", "--budget", "tiny", "--plan", "--jobs", "2",
                           "--threads", "1", "--out", "/nonexistent/not-written"]) == 0
     text = capsys.readouterr().out
     assert "| transformer dropout 0.2 | 48 | 16.000 | 0.21 |" in text
-    assert "About 1.0 hours at 2 job" in text
+    assert "About 1.3 hours at 2 job" in text
 
 
 def test_all_runs_every_stage_after_the_stages_it_reads(fixed_step, tmp_path, monkeypatch,

@@ -15,8 +15,8 @@ budgets, each stage in about an hour or less on a 2-core CPU (the README gives t
   sliding windows, block_local and the transformer, three seeds each at its best learning
   rate, the weights kept.
 - ``dropout`` (``dropout.py``): the implicit-dropout claim in an overfitting regime (N = 256 on
-  about 1 MB for many epochs): ecp, sliding_window and the transformer at dropout 0, 0.1, 0.2,
-  three seeds each, the train-validation gap at every epoch.
+  about 1 MB for many epochs): ecp, both sliding windows and the transformer at dropout 0,
+  0.1, 0.2, three seeds each, the train-validation gap at every epoch.
 - ``relay`` (``relay.py``): on the recall stage's trained models (run it first), the residual
   stream at the segments between a value and its query replaced by another sequence's: is the
   relay the path the answer takes?

@@ -3,8 +3,9 @@ were a dropout of its own?
 
 An overfitting regime: the Study I model size (N = 256, d_model 128, 4 layers) on about 1 MB of
 training text (the first megabyte of enwiki-mini's train split, cut at a line end; validation
-and test from its own splits) for many epochs, ecp, sliding_window and the transformer at
-dropout 0, 0.1 and 0.2, three seeds each. Every epoch the run scores, in eval mode and by the
+and test from its own splits) for many epochs, ecp, the sliding window at both matches (in
+entries and in tiles, ``models.MODELS``) and the transformer at dropout 0, 0.1 and 0.2, three
+seeds each. Every epoch the run scores, in eval mode and by the
 same SPEC §6 protocol, its validation slice and the first bytes of its training text
 (``train.eval_train_tokens``): the gap between them as training goes, and the best validation
 score of each model.
@@ -23,7 +24,7 @@ from typing import Any
 
 from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.jobs import Job, run_jobs
-from ecp_lm.experiments.evidence.models import costs
+from ecp_lm.experiments.evidence.models import costs, model_config
 from ecp_lm.experiments.evidence.stats import separated, spread
 from ecp_lm.experiments.evidence.timing import timed_steps
 from ecp_lm.experiments.study import write_json
@@ -31,7 +32,8 @@ from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.run.config import RunConfig
 from ecp_lm.runtime import torch_threads
 
-ARCHS = ("ecp", "sliding_window", "transformer")
+MODELS = ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
+"""The stage's models (``models.MODELS``): ECP, both sliding windows, full attention."""
 DROPOUTS = (0.0, 0.1, 0.2)
 FILES = {"train": "wiki.train.raw", "valid": "wiki.valid.raw", "test": "wiki.test.raw"}
 
@@ -93,11 +95,16 @@ def write_corpus(budget: DropoutBudget, folder: Path) -> Path:
     return folder
 
 
-def run_config(budget: DropoutBudget, arch: str, dropout: float, seed: int,
+def model(budget: DropoutBudget, name: str, dropout: float = 0.0) -> ModelConfig:
+    """Model ``name`` at the stage's size and ``dropout``."""
+    return ModelConfig(**model_config(name, budget.size), dropout=dropout)
+
+
+def run_config(budget: DropoutBudget, name: str, dropout: float, seed: int,
                corpus: Path) -> RunConfig:
     epoch = steps_per_epoch(budget)
     return RunConfig.from_dict({
-        "model": {"vocab_size": 256, **budget.size, "arch": arch, "dropout": dropout},
+        "model": {**model_config(name, budget.size), "dropout": dropout},
         "data": {"source": "wikitext103", "path": str(corpus), "tokenizer": "bytes"},
         "train": {"steps": epoch * budget.epochs, "batch_size": budget.batch_size,
                   "lr": budget.lr, "warmup_steps": max(1, epoch // 4), "seed": seed,
@@ -129,20 +136,20 @@ def dropout_job(budget_name: str, arch: str, dropout: float, seed: int, corpus: 
 
 def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None = None,
                 progress: bool = False) -> dict[str, Any]:
-    """The stage: every (arch, dropout, seed) run, then ``dropout.json`` and ``dropout.md``."""
+    """The stage: every (model, dropout, seed) run, then ``dropout.json`` and ``dropout.md``
+    (a row's ``arch`` is its model's name)."""
     budget = DROPOUT_BUDGETS[budget_name]
     corpus = write_corpus(budget, out / "corpus")
-    cells = list(product(ARCHS, DROPOUTS, range(budget.seeds)))
+    cells = list(product(MODELS, DROPOUTS, range(budget.seeds)))
     names = {cell: f"runs/{cell[0]}/dropout{cell[1]:g}/seed{cell[2]}" for cell in cells}
     results = run_jobs([Job(names[c], dropout_job, (budget_name, *c, str(corpus),
                                                     str(out / names[c]))) for c in cells],
                        out, jobs, threads, progress)
     with torch_threads(threads):
-        times = timed_steps({f"{arch}/{p:g}": (
-            ModelConfig(vocab_size=256, **budget.size, arch=arch, dropout=p), budget.batch_size)
-            for arch, p in product(ARCHS, DROPOUTS)}, out / "step_s.json")
+        times = timed_steps({f"{name}/{p:g}": (model(budget, name, p), budget.batch_size)
+                             for name, p in product(MODELS, DROPOUTS)}, out / "step_s.json")
     table = {}
-    for arch, dropout in product(ARCHS, DROPOUTS):
+    for arch, dropout in product(MODELS, DROPOUTS):
         runs = [results[names[arch, dropout, s]] for s in range(budget.seeds)]
         table[f"{arch}/{dropout:g}"] = {
             "arch": arch, "dropout": dropout,
@@ -154,8 +161,7 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
     summary = {"budget": budget_name, "size": budget.size, "epochs": budget.epochs,
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,
-               "costs": {arch: costs(ModelConfig(vocab_size=256, **budget.size, arch=arch))
-                         for arch in ARCHS},
+               "costs": {name: costs(model(budget, name)) for name in MODELS},
                "table": table, "findings": findings(table, budget.epochs)}
     write_json(out / "dropout.json", summary)
     write_bytes_atomic(out / "dropout.md", dropout_markdown(summary).encode())
@@ -197,8 +203,10 @@ def findings(table: dict[str, Any], epochs: int | None = None) -> list[str]:
     """The claim's two predictions, checked where the seeds' ranges separate, and, where the
     table has its epochs (``by_epoch``), whether each cell's validation has turned."""
     out = []
+    names = list(dict.fromkeys(row["arch"] for row in table.values()))
+    others = [name for name in names if name != "ecp"]
     ecp0 = table["ecp/0"]
-    for arch in ARCHS[1:]:
+    for arch in others:
         other = table[f"{arch}/0"]
         out.append(f"dropout 0, final train-validation gap: ecp "
                    f"{ecp0['final_gap']['mean']:.4f} against {arch} "
@@ -207,13 +215,13 @@ def findings(table: dict[str, Any], epochs: int | None = None) -> list[str]:
                                    "ecp's is smaller (ranges separate)",
                                    "ecp's is larger (ranges separate)"))
     best = {arch: min((table[f"{arch}/{d:g}"] for d in DROPOUTS),
-                      key=lambda r: r["best_valid_bits"]["mean"]) for arch in ARCHS}
-    for arch in ARCHS:
+                      key=lambda r: r["best_valid_bits"]["mean"]) for arch in names}
+    for arch in names:
         out.append(f"{arch}: best validation {best[arch]['best_valid_bits']['mean']:.4f} "
                    f"bits/byte at dropout {best[arch]['dropout']:g}")
     # The second prediction: ECP's validation advantage at dropout 0, and once every model has
     # its own best dropout (the claim: it shrinks).
-    for arch in ARCHS[1:]:
+    for arch in others:
         at_zero = advantage(ecp0, table[f"{arch}/0"])
         at_best = advantage(best["ecp"], best[arch])
         out.append(f"ecp's best-validation advantage over {arch}: {at_zero} at dropout 0; "
@@ -256,11 +264,11 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
                                                 summary["table"].values())
                  else "the median training step of the cell's runs, two running side by side "
                  "on one thread each."), "",
-             "| arch | entries | research tiles | kernel tiles |", "|---|---|---|---|"]
+             "| model | entries | research tiles | kernel tiles |", "|---|---|---|---|"]
     for arch, c in summary["costs"].items():
         kernel = "-" if c["kernel_tiles"] is None else f"{c['kernel_tiles']:.3f}"
         lines.append(f"| {arch} | {c['entries']:.3f} | {c['research_tiles']:.3f} | {kernel} |")
-    lines += ["", "| arch | dropout | step s | best valid bits/byte | its epoch | gap at best | "
+    lines += ["", "| model | dropout | step s | best valid bits/byte | its epoch | gap at best | "
               "final gap |", "|---|---|---|---|---|---|---|"]
     for row in summary["table"].values():
         cells = [f"{row[k]['mean']:.4f} ± {row[k]['half_range']:.4f}"
@@ -271,7 +279,7 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
         epochs = [f"{e['epoch']:g}" for e in next(iter(summary["table"].values()))["by_epoch"]]
         lines += ["", "Over training, at the end of each epoch, the mean over the seeds (their "
                   "ranges are in the JSON): the train-validation gap and validation bits/byte.",
-                  "", "| arch | dropout | measure | " + " | ".join(epochs) + " |",
+                  "", "| model | dropout | measure | " + " | ".join(epochs) + " |",
                   "|---|---|---|" + "---|" * len(epochs)]
         for row in summary["table"].values():
             for key, label in (("gap_bits", "gap"), ("valid_bits", "valid")):

@@ -62,9 +62,10 @@ def recall_work(budget_name: str) -> list[Work]:
 
 def dropout_work(budget_name: str) -> list[Work]:
     from ecp_lm.experiments.evidence.dropout import (
-        ARCHS,
         DROPOUT_BUDGETS,
         DROPOUTS,
+        MODELS,
+        model,
         steps_per_epoch,
     )
 
@@ -72,9 +73,8 @@ def dropout_work(budget_name: str) -> list[Work]:
     # one at dropout 0, which would undercount the others.
     b = DROPOUT_BUDGETS[budget_name]
     steps = b.seeds * b.epochs * steps_per_epoch(b)
-    return [Work(f"{arch} dropout {p:g}",
-                 ModelConfig(vocab_size=256, **b.size, arch=arch, dropout=p), b.batch_size, steps)
-            for arch in ARCHS for p in DROPOUTS]
+    return [Work(f"{name} dropout {p:g}", model(b, name, p), b.batch_size, steps)
+            for name in MODELS for p in DROPOUTS]
 
 
 def stage_work(stage: str, budget_name: str) -> list[Work]:
