@@ -793,8 +793,8 @@ def test_the_full_dropout_verdicts_are_its_findings():
     assert turned == [] and [c for c, (first, _) in best_epoch.items()
                              if first < epochs and not c.endswith("/0")] == ["transformer/0.1"]
 
-    def cell(model, key, where=table):
-        return where[f"{model}/0"][key]
+    def cell(model, key):
+        return table[f"{model}/0"][key]
 
     assert separated(cell("ecp", "final_gap"), cell("transformer", "final_gap")) == 1
     assert separated(cell("ecp", "final_gap"), cell("sliding_window", "final_gap")) == -1

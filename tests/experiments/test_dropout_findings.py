@@ -73,19 +73,19 @@ def test_by_epoch_spreads_each_epoch_over_the_seeds():
 def turned_cell(best_epochs: list[float], last_valid: list[float], best: list[float]) -> dict:
     return {"arch": "ecp", "dropout": 0.0, "best_epoch": spread(best_epochs),
             "best_valid_bits": spread(best),
-            "by_epoch": [{"valid_bits": spread(last_valid)}]}
+            "by_epoch": [{"epoch": 10.0, "valid_bits": spread(last_valid)}]}
 
 
 def test_a_cell_has_turned_only_where_every_seed_peaked_before_its_last_epoch():
     from ecp_lm.experiments.evidence.dropout import turning
 
     # Bests 2.40 and 2.42 (mean 2.41) at epochs 8 and 9; last epoch 2.45 and 2.47 (mean 2.46).
-    assert turning(turned_cell([8.0, 9.0], [2.45, 2.47], [2.40, 2.42]), 10) == (
+    assert turning(turned_cell([8.0, 9.0], [2.45, 2.47], [2.40, 2.42])) == (
         "ecp at dropout 0: best validation at epochs 8-9 of 10, then +0.0500 bits/byte by the "
         "last (every seed overfits)")
-    assert turning(turned_cell([9.0, 10.0], [2.4, 2.4], [2.4, 2.4]), 10).endswith(
+    assert turning(turned_cell([9.0, 10.0], [2.4, 2.4], [2.4, 2.4])).endswith(
         "(some seeds still improving)")
-    assert turning(turned_cell([10.0, 10.0], [2.4, 2.4], [2.4, 2.4]), 10) == (
+    assert turning(turned_cell([10.0, 10.0], [2.4, 2.4], [2.4, 2.4])) == (
         "ecp at dropout 0: best validation at epoch 10 of 10 (still improving in every seed)")
 
 

@@ -162,7 +162,7 @@ def run_dropout(budget_name: str, out: Path, jobs: int = 1, threads: int | None 
                "steps_per_epoch": steps_per_epoch(budget), "train_bytes":
                (corpus / FILES["train"]).stat().st_size, "seeds": budget.seeds,
                "costs": {name: costs(model(budget, name)) for name in MODELS},
-               "table": table, "findings": findings(table, budget.epochs)}
+               "table": table, "findings": findings(table)}
     write_json(out / "dropout.json", summary)
     write_bytes_atomic(out / "dropout.md", dropout_markdown(summary).encode())
     return summary
@@ -184,22 +184,30 @@ def by_epoch(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
             for points in zip(*(r["curve"] for r in runs), strict=True)]
 
 
-def turning(row: dict[str, Any], epochs: int) -> str:
+def has_epochs(table: dict[str, Any]) -> bool:
+    """Whether every row of ``table`` has its epochs (``by_epoch``; reports written before it
+    have none)."""
+    return all("by_epoch" in row for row in table.values())
+
+
+def turning(row: dict[str, Any]) -> str:
     """Whether validation has turned in a cell: the epochs of its seeds' best scores and, where
     every seed's best came before the last epoch, how far validation rose after it."""
+    final = row["by_epoch"][-1]
+    epochs = final["epoch"]
     first, last = row["best_epoch"]["min"], row["best_epoch"]["max"]
     where = f"epoch {first:g}" if first == last else f"epochs {first:g}-{last:g}"
     head = (f"{row['arch']} at dropout {row['dropout']:g}: best validation at {where} of "
-            f"{epochs}")
+            f"{epochs:g}")
     if last < epochs:
-        rise = row["by_epoch"][-1]["valid_bits"]["mean"] - row["best_valid_bits"]["mean"]
+        rise = final["valid_bits"]["mean"] - row["best_valid_bits"]["mean"]
         return head + f", then {rise:+.4f} bits/byte by the last (every seed overfits)"
     if first == epochs:
         return head + " (still improving in every seed)"
     return head + " (some seeds still improving)"
 
 
-def findings(table: dict[str, Any], epochs: int | None = None) -> list[str]:
+def findings(table: dict[str, Any]) -> list[str]:
     """The claim's two predictions, checked where the seeds' ranges separate, and, where the
     table has its epochs (``by_epoch``), whether each cell's validation has turned."""
     out = []
@@ -227,8 +235,8 @@ def findings(table: dict[str, Any], epochs: int | None = None) -> list[str]:
         out.append(f"ecp's best-validation advantage over {arch}: {at_zero} at dropout 0; "
                    f"{at_best} with each at its best dropout (ecp "
                    f"{best['ecp']['dropout']:g}, {arch} {best[arch]['dropout']:g})")
-    if epochs is not None and all("by_epoch" in row for row in table.values()):
-        out += [turning(row, epochs) for row in table.values()]
+    if has_epochs(table):
+        out += [turning(row) for row in table.values()]
     return out
 
 
@@ -275,7 +283,7 @@ def dropout_markdown(summary: dict[str, Any]) -> str:
                  for k in ("best_valid_bits", "best_epoch", "gap_at_best", "final_gap")]
         lines.append(f"| {row['arch']} | {row['dropout']:g} | {row['step_s']:.3f} | "
                      + " | ".join(cells) + " |")
-    if all("by_epoch" in row for row in summary["table"].values()):
+    if has_epochs(summary["table"]):
         epochs = [f"{e['epoch']:g}" for e in next(iter(summary["table"].values()))["by_epoch"]]
         lines += ["", "Over training, at the end of each epoch, the mean over the seeds (their "
                   "ranges are in the JSON): the train-validation gap and validation bits/byte.",
