@@ -310,7 +310,8 @@ def full_dropout_gap_claim() -> str:
 
 
 def dropout_gaps() -> str:
-    """The dropout-0 gaps and best validation scores, with the seeds' verdicts."""
+    """The dropout-0 gaps and best validation scores, with the seeds' verdicts, and whether the
+    four models' mean gaps rank as their validation scores do."""
     from ecp_lm.experiments.evidence.stats import separated
 
     def cell(arch, key):
@@ -321,16 +322,25 @@ def dropout_gaps() -> str:
         side = separated(dropout_cell("ecp/0", key), dropout_cell(f"{arch}/0", key))
         return "separated" if side else "not separated"
 
+    archs = ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
+    by_gap = sorted(archs, key=lambda a: -dropout_cell(f"{a}/0", "final_gap")["mean"])
+    by_fit = sorted(archs, key=lambda a: dropout_cell(f"{a}/0", "best_valid_bits")["mean"])
     return (f"ECP's final gap is {cell('ecp', 'final_gap')} bits/byte, larger than the "
             f"transformer's ({cell('transformer', 'final_gap')}, ranges "
-            f"{verdict('transformer', 'final_gap')}) and level with the sliding window's "
+            f"{verdict('transformer', 'final_gap')}), level with the entry-matched window's "
             f"({cell('sliding_window', 'final_gap')}, {verdict('sliding_window', 'final_gap')})"
-            f". ECP's larger gap comes with the better fit: at dropout 0 it reaches "
-            f"{cell('ecp', 'best_valid_bits')} validation bits/byte against the transformer's "
-            f"{cell('transformer', 'best_valid_bits')} "
-            f"({verdict('transformer', 'best_valid_bits')}) and the sliding window's "
+            f" and smaller than the tile-matched window's "
+            f"({cell('sliding_window_tiles', 'final_gap')}, "
+            f"{verdict('sliding_window_tiles', 'final_gap')}). The gap follows the fit: at "
+            f"dropout 0 ECP reaches {cell('ecp', 'best_valid_bits')} validation bits/byte "
+            f"against the transformer's {cell('transformer', 'best_valid_bits')} "
+            f"({verdict('transformer', 'best_valid_bits')}), the entry-matched window's "
             f"{cell('sliding_window', 'best_valid_bits')} "
-            f"({verdict('sliding_window', 'best_valid_bits')})")
+            f"({verdict('sliding_window', 'best_valid_bits')}) and the tile-matched window's "
+            f"{cell('sliding_window_tiles', 'best_valid_bits')} "
+            f"({verdict('sliding_window_tiles', 'best_valid_bits')})"
+            + (", and the four models' mean gaps rank as their validation scores do, the "
+               "best-fitting with the largest gap" if by_gap == by_fit else ", ranked apart"))
 
 
 def dropout_regime() -> str:
@@ -339,7 +349,8 @@ def dropout_regime() -> str:
     last = all(row["best_epoch"]["min"] == summary["epochs"] for row in summary["table"].values())
     zero = all(summary["table"][f"{a}/0"]["best_valid_bits"]["mean"] ==
                min(row["best_valid_bits"]["mean"] for row in summary["table"].values()
-                   if row["arch"] == a) for a in ("ecp", "sliding_window", "transformer"))
+                   if row["arch"] == a) for a in ("ecp", "sliding_window", "sliding_window_tiles",
+                                            "transformer"))
     ecp = dropout_cell("ecp/0.2", "best_valid_bits")
     return ("every run's best validation score is at its last epoch" if last else "not last") + (
         ", so no model has started to overfit, and dropout only slows them all (every model's "
@@ -496,8 +507,9 @@ QUOTES = {
     "results.md: dropout, not yet overfitting": (RESULTS, lambda: dropout_regime()),
     "results.md: dropout, kernel tiles": (RESULTS, lambda: (
         "at N = 256 a block-sparse kernel with blocks of 128 visits {kernel_tiles:.3f} of the "
-        "tiles for all three models".format(**dropout_costs("ecp")) if len({
+        "tiles for all four models".format(**dropout_costs("ecp")) if len({
             dropout_costs(a)["kernel_tiles"] for a in ("ecp", "sliding_window",
+                                                       "sliding_window_tiles",
                                                        "transformer")}) == 1 else "differ")),
     "results.md: relay, small": (RESULTS, lambda: (
         f"the answer drops to chance when the path is replaced ({relay('ecp', 'path_replaced')} "
