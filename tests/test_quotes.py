@@ -297,11 +297,10 @@ def full_dropout_rise(cell: str) -> str:
     return f"{row['by_epoch'][-1]['valid_bits']['mean'] - row['best_valid_bits']['mean']:+.4f}"
 
 
-def full_dropout_apart() -> str:
-    """The distance between ECP's and the entry-matched window's final gaps' ranges."""
-    ecp, window = (dropout_cell(f"{m}/0", "final_gap", FULL["dropout"])
-                   for m in ("ecp", "sliding_window"))
-    return f"{window['min'] - ecp['max']:.4f}"
+def full_dropout_apart(model: str) -> str:
+    """The distance between ECP's final gaps' range and another model's at dropout 0."""
+    ecp, other = (dropout_cell(f"{m}/0", "final_gap", FULL["dropout"]) for m in ("ecp", model))
+    return f"{max(other['min'] - ecp['max'], ecp['min'] - other['max']):.4f}"
 
 
 def full_dropout_gap_claim() -> str:
@@ -624,23 +623,38 @@ QUOTES = {
         "the first {:,} bytes of enwiki-mini's training text for {} epochs of {} steps (batch "
         "{})".format(*(report(f"{FULL['dropout']}/dropout.json")[k] for k in (
             "train_bytes", "epochs", "steps_per_epoch")), DROPOUT_BUDGETS["full"].batch_size) + (
-        ", ecp, sliding_window (matched in entries, w = {window}) ".format(
-            **dropout_costs("sliding_window", FULL["dropout"]))))),
+        ", ecp, sliding_window (matched in entries, w = {}), sliding_window_tiles (matched in "
+        "tiles, w = m = {})".format(*(dropout_costs(m, FULL["dropout"])["window"] for m in (
+            "sliding_window", "sliding_window_tiles")))))),
     "results.md: dropout, full, the turn": (RESULTS, lambda: (
-        f"best at epochs 8-9 of 10, then {full_dropout_rise('ecp/0')} and "
-        f"{full_dropout_rise('sliding_window/0')} bits/byte by the last")),
+        f"best at epochs 8-9 of 10, then {full_dropout_rise('ecp/0')}, "
+        f"{full_dropout_rise('sliding_window/0')} and "
+        f"{full_dropout_rise('sliding_window_tiles/0')} bits/byte by the last")),
     "results.md: dropout, full, the gaps": (RESULTS, lambda: (
         f"ECP's final gap is {full_dropout('ecp/0', 'final_gap')} bits/byte, larger than the "
         f"transformer's ({full_dropout('transformer/0', 'final_gap')}, ranges separated)")),
-    "results.md: dropout, full, the window's gap": (RESULTS, lambda: (
-        f"ECP's final gap is the smaller ({full_dropout('sliding_window/0', 'final_gap')} for "
-        f"the window, the ranges {full_dropout_apart()} apart); at their best epochs the three "
-        f"gaps are not separated (ECP {full_dropout('ecp/0', 'gap_at_best')})")),
+    "results.md: dropout, full, the windows' gaps": (RESULTS, lambda: (
+        f"ECP's final gap is the smaller, by thin margins: "
+        f"{full_dropout('sliding_window/0', 'final_gap')} for the entry-matched window (the "
+        f"ranges {full_dropout_apart('sliding_window')} apart) and "
+        f"{full_dropout('sliding_window_tiles/0', 'final_gap')} for the tile-matched one "
+        f"({full_dropout_apart('sliding_window_tiles')} apart), against "
+        f"{full_dropout_apart('transformer')} between ECP's range and the transformer's; at "
+        f"their best epochs the four gaps are not separated (ECP "
+        f"{full_dropout('ecp/0', 'gap_at_best')})")),
+    "results.md: dropout, full, the windows' gaps in the verdicts": (RESULTS, lambda: (
+        f"smaller than both windows' by thin margins (their ranges "
+        f"{full_dropout_apart('sliding_window')} and "
+        f"{full_dropout_apart('sliding_window_tiles')} apart)")),
     "results.md: dropout, full, best validation": (RESULTS, lambda: (
         f"The transformer reaches {full_dropout('transformer/0', 'best_valid_bits')} bits/byte, "
-        f"ECP {full_dropout('ecp/0', 'best_valid_bits')} and the window "
-        f"{full_dropout('sliding_window/0', 'best_valid_bits')}; ECP is separated from "
-        "neither, and the transformer is ahead of the window, ranges separated")),
+        f"ECP {full_dropout('ecp/0', 'best_valid_bits')}, the entry-matched window "
+        f"{full_dropout('sliding_window/0', 'best_valid_bits')} and the tile-matched window "
+        f"{full_dropout('sliding_window_tiles/0', 'best_valid_bits')}; ECP is separated from "
+        "none of them, and the transformer is ahead of the entry-matched window, ranges "
+        "separated, but not of the tile-matched one (their ranges overlap by {:.4f})".format(
+            dropout_cell("transformer/0", "best_valid_bits", FULL["dropout"])["max"]
+            - dropout_cell("sliding_window_tiles/0", "best_valid_bits", FULL["dropout"])["min"]))),
     "results.md: dropout, full, dropout 0.1": (RESULTS, lambda: (
         "(ECP's final gap from {:.4f} to {:.4f} at 0.1) but costs more validation than it saves "
         "within 10 epochs (ECP {} at 0.1)".format(
@@ -783,12 +797,13 @@ def test_the_full_curves_paired_seeds_are_as_results_md_says():
 
 def test_the_full_dropout_verdicts_are_its_findings():
     """What results.md and the README say of the full dropout stage is what its table holds:
-    validation turned at dropout 0 in every seed of ECP and the entry-matched window and in two
-    of the transformer's, ECP's final gap above the transformer's and below the window's (ranges
-    separated) and its mean gap above the transformer's at every epoch (separated at 1 and
-    7-10, and at 7 with validation means within 0.002), the gaps at best unseparated, ECP's
-    best score level with both others' and the transformer's ahead of the window's, every
-    model's best at dropout 0, and one dropout run that has turned."""
+    validation turned at dropout 0 in every seed of ECP and both windows and in two of the
+    transformer's, ECP's final gap above the transformer's and below both windows' (ranges
+    separated), the windows' above the transformer's, ECP's mean gap above the transformer's
+    at every epoch (separated at 1 and 7-10, and at 7 with validation means within 0.002), the
+    gaps at best unseparated, ECP's best score level with the three others' and the
+    transformer's ahead of the entry-matched window's only, every model's best at dropout 0,
+    and two dropout runs that have turned."""
     from ecp_lm.experiments.evidence.stats import separated
 
     summary = report(f"{FULL['dropout']}/dropout.json")
@@ -796,6 +811,7 @@ def test_the_full_dropout_verdicts_are_its_findings():
     best_epoch = {cell: (row["best_epoch"]["min"], row["best_epoch"]["max"])
                   for cell, row in table.items()}
     assert best_epoch["ecp/0"] == best_epoch["sliding_window/0"] == (8.0, 9.0)
+    assert best_epoch["sliding_window_tiles/0"] == (8.0, 8.0)
     assert best_epoch["transformer/0"] == (9.0, 10.0)
     seeds = [c["best_epoch"] for c in (report(
         f"{FULL['dropout']}/runs/transformer/dropout0/seed{s}/result.json") for s in range(3))]
@@ -803,15 +819,22 @@ def test_the_full_dropout_verdicts_are_its_findings():
     turned = [cell for cell, (_, last) in best_epoch.items()
               if last < epochs and not cell.endswith("/0")]
     assert turned == [] and [c for c, (first, _) in best_epoch.items()
-                             if first < epochs and not c.endswith("/0")] == ["transformer/0.1"]
+                             if first < epochs and not c.endswith("/0")] == [
+        "sliding_window_tiles/0.2", "transformer/0.1"]
 
     def cell(model, key):
         return table[f"{model}/0"][key]
 
     assert separated(cell("ecp", "final_gap"), cell("transformer", "final_gap")) == 1
-    assert separated(cell("ecp", "final_gap"), cell("sliding_window", "final_gap")) == -1
-    for a, b in (("ecp", "transformer"), ("ecp", "sliding_window"),
-                 ("sliding_window", "transformer")):
+    for window in ("sliding_window", "sliding_window_tiles"):
+        assert separated(cell("ecp", "final_gap"), cell(window, "final_gap")) == -1
+        assert separated(cell(window, "final_gap"), cell("transformer", "final_gap")) == 1
+    assert separated(cell("ecp", "best_valid_bits"),
+                     cell("sliding_window_tiles", "best_valid_bits")) == 0
+    assert separated(cell("transformer", "best_valid_bits"),
+                     cell("sliding_window_tiles", "best_valid_bits")) == 0
+    models4 = ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
+    for a, b in ((a, b) for i, a in enumerate(models4) for b in models4[i + 1:]):
         assert separated(cell(a, "gap_at_best"), cell(b, "gap_at_best")) == 0, (a, b)
     assert separated(cell("ecp", "best_valid_bits"), cell("transformer", "best_valid_bits")) == 0
     assert separated(cell("ecp", "best_valid_bits"),
