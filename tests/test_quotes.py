@@ -11,7 +11,7 @@ import pytest
 
 from ecp_lm.bench.complexity import attention_cost
 from ecp_lm.config import ModelConfig
-from ecp_lm.experiments.evidence.dropout import DROPOUT_BUDGETS
+from ecp_lm.experiments.evidence.dropout import DROPOUT_BUDGETS, MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
 README, RESULTS = ROOT / "README.md", ROOT / "docs" / "results.md"
@@ -281,10 +281,14 @@ def dropout_costs(arch: str, where: str = SMALL) -> dict:
     return report(f"{where}/dropout.json")["costs"][arch]
 
 
-def full_dropout(cell: str, key: str) -> str:
-    """One cell's measure on the full dropout stage, mean ± h to four places."""
-    c = dropout_cell(cell, key, FULL["dropout"])
+def dropout_text(cell: str, key: str, where: str = SMALL) -> str:
+    """One cell's measure on a dropout stage, mean ± h to four places."""
+    c = dropout_cell(cell, key, where)
     return f"{c['mean']:.4f} ± {c['half_range']:.4f}"
+
+
+def full_dropout(cell: str, key: str) -> str:
+    return dropout_text(cell, key, FULL["dropout"])
 
 
 def full_dropout_epoch(cell: str, epoch: int) -> dict:
@@ -314,16 +318,14 @@ def dropout_gaps() -> str:
     from ecp_lm.experiments.evidence.stats import separated
 
     def cell(arch, key):
-        c = dropout_cell(f"{arch}/0", key)
-        return f"{c['mean']:.4f} ± {c['half_range']:.4f}"
+        return dropout_text(f"{arch}/0", key)
 
     def verdict(arch, key):
         side = separated(dropout_cell("ecp/0", key), dropout_cell(f"{arch}/0", key))
         return "separated" if side else "not separated"
 
-    archs = ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
-    by_gap = sorted(archs, key=lambda a: -dropout_cell(f"{a}/0", "final_gap")["mean"])
-    by_fit = sorted(archs, key=lambda a: dropout_cell(f"{a}/0", "best_valid_bits")["mean"])
+    by_gap = sorted(MODELS, key=lambda a: -dropout_cell(f"{a}/0", "final_gap")["mean"])
+    by_fit = sorted(MODELS, key=lambda a: dropout_cell(f"{a}/0", "best_valid_bits")["mean"])
     return (f"ECP's final gap is {cell('ecp', 'final_gap')} bits/byte, larger than the "
             f"transformer's ({cell('transformer', 'final_gap')}, ranges "
             f"{verdict('transformer', 'final_gap')}), level with the entry-matched window's "
@@ -348,8 +350,7 @@ def dropout_regime() -> str:
     last = all(row["best_epoch"]["min"] == summary["epochs"] for row in summary["table"].values())
     zero = all(summary["table"][f"{a}/0"]["best_valid_bits"]["mean"] ==
                min(row["best_valid_bits"]["mean"] for row in summary["table"].values()
-                   if row["arch"] == a) for a in ("ecp", "sliding_window", "sliding_window_tiles",
-                                            "transformer"))
+                   if row["arch"] == a) for a in MODELS)
     ecp = dropout_cell("ecp/0.2", "best_valid_bits")
     return ("every run's best validation score is at its last epoch" if last else "not last") + (
         ", so no model has started to overfit, and dropout only slows them all (every model's "
@@ -458,10 +459,8 @@ QUOTES = {
         f"({recall_cell('transformer', 4)} at L = 4). At L = 6 the entry-matched window "
         f"({recall_cell('sliding_window', 6)}) is ahead of ECP ({recall_cell('ecp', 6)})")),
     "README: dropout, small": (README, lambda: (
-        "larger than the transformer's ({} against {} bits/byte)".format(*(
-            f"{c['mean']:.4f} ± {c['half_range']:.4f}" for c in (
-                dropout_cell("ecp/0", "final_gap"), dropout_cell("transformer/0", "final_gap")))
-        ))),
+        f"larger than the transformer's ({dropout_text('ecp/0', 'final_gap')} against "
+        f"{dropout_text('transformer/0', 'final_gap')} bits/byte)")),
     "results.md: curve, windows": (RESULTS, lambda: (
         f"({curve_cell('ecp', 200)} against {curve_cell('sliding_window', 200)} at 200 steps) "
         f"nor from the tile-matched one ({curve_cell('sliding_window_tiles', 200)})")),
@@ -507,9 +506,7 @@ QUOTES = {
     "results.md: dropout, kernel tiles": (RESULTS, lambda: (
         "at N = 256 a block-sparse kernel with blocks of 128 visits {kernel_tiles:.3f} of the "
         "tiles for all four models".format(**dropout_costs("ecp")) if len({
-            dropout_costs(a)["kernel_tiles"] for a in ("ecp", "sliding_window",
-                                                       "sliding_window_tiles",
-                                                       "transformer")}) == 1 else "differ")),
+            dropout_costs(a)["kernel_tiles"] for a in MODELS}) == 1 else "differ")),
     "results.md: relay, small": (RESULTS, lambda: (
         f"the answer drops to chance when the path is replaced ({relay('ecp', 'path_replaced')} "
         f"across value-to-query offsets of 2–4 segments; chance 0.062), from "
@@ -833,8 +830,7 @@ def test_the_full_dropout_verdicts_are_its_findings():
                      cell("sliding_window_tiles", "best_valid_bits")) == 0
     assert separated(cell("transformer", "best_valid_bits"),
                      cell("sliding_window_tiles", "best_valid_bits")) == 0
-    models4 = ("ecp", "sliding_window", "sliding_window_tiles", "transformer")
-    for a, b in ((a, b) for i, a in enumerate(models4) for b in models4[i + 1:]):
+    for a, b in ((a, b) for i, a in enumerate(MODELS) for b in MODELS[i + 1:]):
         assert separated(cell(a, "gap_at_best"), cell(b, "gap_at_best")) == 0, (a, b)
     assert separated(cell("ecp", "best_valid_bits"), cell("transformer", "best_valid_bits")) == 0
     assert separated(cell("ecp", "best_valid_bits"),
