@@ -88,8 +88,10 @@ def window_tile_range() -> str:
 SMALL = "docs/evidence/small"
 """Evidence III's small-budget reports, as the stages wrote them."""
 FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full",
-        "curve": "evidence/curve/full", "dropout": "evidence/dropout/full"}
-"""The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``)."""
+        "curve": "evidence/curve/full", "dropout": "evidence/dropout/full",
+        "hybrid-recall": "evidence/hybrid/full/recall", "hybrid-curve": "evidence/hybrid/full/curve"}
+"""The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``; the
+hybrid stage's two as ``recall.*`` and ``curve.*`` in its own folders)."""
 
 
 def mean_h(cell: dict) -> str:
@@ -719,7 +721,7 @@ results.md carries its table (the relay's is linked and quoted, not copied)."""
 def test_full_reports_are_the_stages_own(stage):
     """A full report committed in evidence/ is its stage's rendering of the JSON beside it, and
     results.md's copy of its table is that table, row for row."""
-    check_rendering(f"{FULL[stage]}/{stage}", *FULL_TABLES[stage])
+    check_rendering(f"{FULL[stage]}/{stage.removeprefix('hybrid-')}", *FULL_TABLES[stage])
 
 
 def test_readme_names_the_full_curves_chosen_rates():
