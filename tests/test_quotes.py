@@ -89,7 +89,8 @@ SMALL = "docs/evidence/small"
 """Evidence III's small-budget reports, as the stages wrote them."""
 FULL = {"recall": "evidence/recall/full", "relay": "evidence/relay/full",
         "curve": "evidence/curve/full", "dropout": "evidence/dropout/full",
-        "hybrid-recall": "evidence/hybrid/full/recall", "hybrid-curve": "evidence/hybrid/full/curve"}
+        "hybrid-recall": "evidence/hybrid/full/recall",
+        "hybrid-curve": "evidence/hybrid/full/curve"}
 """The full budgets' reports, where the stages wrote them (the stage folder ``evidence/``; the
 hybrid stage's two as ``recall.*`` and ``curve.*`` in its own folders)."""
 
@@ -242,6 +243,60 @@ def hybrid_block_local_and_transformer() -> str:
             "0.062) is behind every other hybrid at both depths. - The transformer is ahead of "
             f"every hybrid at both depths ({hybrid_recall('transformer', 4)} at L = 4, "
             f"{hybrid_recall('transformer', 8)} at L = 8)")
+
+
+def full_hybrid(model: str, depth: int) -> str:
+    return recall_cell(model, depth, "recall", FULL["hybrid-recall"])
+
+
+def full_hybrid_model(model: str) -> dict:
+    return stage_model("recall", model, FULL["hybrid-recall"])
+
+
+def full_hybrid_windows() -> str:
+    """The full hybrid recall stage at L = 4: ECP's hybrid ahead of the tile-matched window's
+    and block_local's, level with the entry-matched window's, which is ahead of the same two;
+    said only while the stage calls exactly that."""
+    calls = report(f"{FULL['hybrid-recall']}/recall.json")["orderings"]["4"]
+    ahead = [f"{a} > {b}" for a in ("hybrid_ecp", "hybrid_sliding_window")
+             for b in ("hybrid_sliding_window_tiles", "hybrid_block_local")]
+    level = not {"hybrid_ecp > hybrid_sliding_window", "hybrid_sliding_window > hybrid_ecp"} & set(
+        calls)
+    ecp, tiles = (full_hybrid_model(m)["costs"] for m in ("hybrid_ecp",
+                                                          "hybrid_sliding_window_tiles"))
+    if not (all(c in calls for c in ahead) and level
+            and ecp["research_tiles"] == tiles["research_tiles"]):
+        return "the stage no longer says this"
+    gap = (full_hybrid_model("hybrid_ecp")["depths"]["4"]["accuracy"]["mean"]
+           - full_hybrid_model("hybrid_sliding_window_tiles")["depths"]["4"]["accuracy"]["mean"])
+    return ("At L = 4 ECP's hybrid is ahead of the tile-matched window's ({} against {}) and of "
+            "block_local's ({}), ranges separated, and level with the entry-matched window's "
+            "({}), which is ahead of the same two. The small budget's order between ECP and the "
+            "tile-matched window is reversed: at 800 steps the tile-matched window's hybrid was "
+            "ahead at both depths; at 9,600 ECP's is ahead at L = 4, by {:.3f}, with the same "
+            "tiles and {:.2f}× the tile-matched hybrid's entries").format(
+                full_hybrid("hybrid_ecp", 4), full_hybrid("hybrid_sliding_window_tiles", 4),
+                full_hybrid("hybrid_block_local", 4), full_hybrid("hybrid_sliding_window", 4),
+                gap, ecp["entries"] / tiles["entries"])
+
+
+def full_hybrid_deep() -> str:
+    """L = 8 of the full hybrid recall stage: nothing separated, the hybrids' means and
+    block_local's seeds; the transformer ahead of every hybrid at L = 4 only."""
+    summary = report(f"{FULL['hybrid-recall']}/recall.json")
+    hybrids = [m for m in summary["models"] if m.startswith("hybrid_")]
+    ahead = all(f"transformer > {h}" in summary["orderings"]["4"] for h in hybrids)
+    if summary["orderings"]["8"] or not ahead:
+        return "the stage no longer says this"
+    means = [full_hybrid_model(h)["depths"]["8"]["accuracy"]["mean"] for h in hybrids]
+    seeds = full_hybrid_model("hybrid_block_local")["depths"]["8"]["per_seed"]
+    return ("At L = 8 no two models are separated. The four hybrids' means are {:.3f}–{:.3f}; "
+            "block_local's seeds are {:.3f}, {:.3f} and {:.3f}. - The transformer is ahead of "
+            "every hybrid at L = 4 ({}: one seed at 1.000, two at 0.86, above every hybrid's best "
+            "seed) and level with them at L = 8 ({}: {})").format(
+                min(means), max(means), *seeds, full_hybrid("transformer", 4),
+                full_hybrid("transformer", 8), "{:.3f}, {:.3f} and {:.3f}".format(*sorted(
+                    full_hybrid_model("transformer")["depths"]["8"]["per_seed"], reverse=True)))
 
 
 def hybrid_gain() -> dict:
@@ -477,6 +532,14 @@ QUOTES = {
     "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
     "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
         f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
+    "results.md: hybrid recall, full": (RESULTS, lambda: (
+        f"hybrid ECP answers {full_hybrid('hybrid_ecp', 4)} at L = 4, pure ECP "
+        f"{recall_cell('ecp', 4, where=FULL['recall'])} at the same budget (the recall stage "
+        "above), and block_local, at chance alone "
+        f"({recall_cell('block_local', 4, where=FULL['recall'])}), answers "
+        f"{full_hybrid('hybrid_block_local', 4)} as a hybrid's local layer")),
+    "results.md: hybrid recall, full, windows": (RESULTS, full_hybrid_windows),
+    "results.md: hybrid recall, full, L = 8": (RESULTS, full_hybrid_deep),
     "results.md: hybrid recall": (RESULTS, lambda: (
         f"hybrid ECP answers\n{hybrid_recall('hybrid_ecp', 4)} at L = 4, pure ECP "
         f"{recall_cell('ecp', 4)} at the same budget")),
@@ -712,7 +775,8 @@ def test_small_tables_are_the_stages_own(stage):
 FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
                "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False),
                "curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True),
-               "dropout": ("ecp_lm.experiments.evidence.dropout:dropout_markdown", True)}
+               "dropout": ("ecp_lm.experiments.evidence.dropout:dropout_markdown", True),
+               "hybrid-recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True)}
 """Each finished full report in ``evidence/``, the function that renders it and whether
 results.md carries its table (the relay's is linked and quoted, not copied)."""
 
