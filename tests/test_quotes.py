@@ -299,6 +299,20 @@ def full_hybrid_deep() -> str:
                     full_hybrid_model("transformer")["depths"]["8"]["per_seed"], reverse=True)))
 
 
+def full_hybrid_cell(model: str, steps: int) -> str:
+    """A model's bits/byte on the full hybrid curve (the pure models as the stage set them
+    beside the hybrids)."""
+    return curve_cell(model, steps, "curve", FULL["hybrid-curve"])
+
+
+def full_hybrid_curve(model: str) -> dict:
+    return curve_model(model, "curve", FULL["hybrid-curve"])
+
+
+def full_hybrid_gain(model: str) -> str:
+    return signed(full_hybrid_curve(model)["points"]["600"]["context_gain_bits"])
+
+
 def hybrid_gain() -> dict:
     return hybrid_curve("hybrid_ecp")["points"]["200"]["context_gain_bits"]
 
@@ -532,6 +546,46 @@ QUOTES = {
     "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
     "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
         f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
+    "README: hybrids, full": (README, lambda: (
+        f"(ECP from {recall_cell('ecp', 4, where=FULL['recall'])} to "
+        f"{full_hybrid('hybrid_ecp', 4)} at L = 4; block_local from chance to "
+        f"{full_hybrid('hybrid_block_local', 4)})")),
+    "README: hybrid curve, full": (README, lambda: (
+        f"({full_hybrid_cell('hybrid_ecp', 600)} against "
+        f"{full_hybrid_cell('hybrid_sliding_window', 600)} bits/byte at 600 steps) and level "
+        f"with the other two. But no hybrid is ahead of its local layer alone (ECP "
+        f"{full_hybrid_cell('ecp', 600)})")),
+    "results.md: hybrid verdict, full": (RESULTS, lambda: (
+        f"(ECP from {recall_cell('ecp', 4, where=FULL['recall'])} to "
+        f"{full_hybrid('hybrid_ecp', 4)} at L = 4, block_local from chance to "
+        f"{full_hybrid('hybrid_block_local', 4)})")),
+    "results.md: hybrid curve, full, windows": (RESULTS, lambda: (
+        f"({full_hybrid_cell('hybrid_ecp', 300)} against "
+        f"{full_hybrid_cell('hybrid_sliding_window', 300)} at 300 steps, "
+        f"{full_hybrid_cell('hybrid_ecp', 600)} against "
+        f"{full_hybrid_cell('hybrid_sliding_window', 600)} at 600)")),
+    "results.md: hybrid curve, full, pure": (RESULTS, lambda: (
+        f"ECP's hybrid {full_hybrid_cell('hybrid_ecp', 600)} at 600 steps against ECP's "
+        f"{full_hybrid_cell('ecp', 600)}")),
+    "results.md: hybrid curve, full, tiles": (RESULTS, lambda: (
+        f"({full_hybrid_cell('sliding_window_tiles', 600)} against the tile-matched hybrid's "
+        f"{full_hybrid_cell('hybrid_sliding_window_tiles', 600)} at 600 steps)")),
+    "results.md: hybrid curve, full, transformer": (RESULTS, lambda: (
+        f"({full_hybrid_cell('hybrid_ecp', 600)} against "
+        f"{full_hybrid_cell('transformer', 600)})")),
+    "results.md: hybrid curve, full, gain": (RESULTS, lambda: (
+        f"ECP's hybrid gains {full_hybrid_gain('hybrid_ecp')} bits/byte from windows of N at "
+        f"600 steps, positive in every seed and above ECP alone ({full_hybrid_gain('ecp')}), "
+        f"ranges separated; the transformer's own gain there is "
+        f"{full_hybrid_gain('transformer')}, not positive in every seed. block_local's hybrid "
+        f"loses with the longer windows in every seed ({full_hybrid_gain('hybrid_block_local')} "
+        "at 600 steps)")),
+    "results.md: hybrid curve, full, step": (RESULTS, lambda: (
+        "one global layer in four adds {:.0%} to ECP's step here ({:.3f} s against {:.3f} s), "
+        "while the transformer's is {:.3f} s".format(
+            full_hybrid_curve("hybrid_ecp")["step_s"] / full_hybrid_curve("ecp")["step_s"] - 1,
+            full_hybrid_curve("hybrid_ecp")["step_s"], full_hybrid_curve("ecp")["step_s"],
+            full_hybrid_curve("transformer")["step_s"]))),
     "results.md: hybrid recall, full": (RESULTS, lambda: (
         f"hybrid ECP answers {full_hybrid('hybrid_ecp', 4)} at L = 4, pure ECP "
         f"{recall_cell('ecp', 4, where=FULL['recall'])} at the same budget (the recall stage "
@@ -776,7 +830,8 @@ FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", 
                "relay": ("ecp_lm.experiments.evidence.relay:relay_markdown", False),
                "curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True),
                "dropout": ("ecp_lm.experiments.evidence.dropout:dropout_markdown", True),
-               "hybrid-recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True)}
+               "hybrid-recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
+               "hybrid-curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True)}
 """Each finished full report in ``evidence/``, the function that renders it and whether
 results.md carries its table (the relay's is linked and quoted, not copied)."""
 
@@ -836,6 +891,50 @@ def test_the_full_curves_verdicts_are_its_orderings():
     ecp, transformer = full_gain("ecp"), full_gain("transformer")
     assert transformer["min"] > 0 and ecp["min"] > 0 and ecp["max"] < transformer["min"]
     assert ecp["mean"] < transformer["mean"] / 10
+
+
+def test_the_full_hybrid_curves_verdicts_are_its_orderings():
+    """What results.md says of the full hybrid curve is what its report called: ECP's hybrid
+    ahead of the entry-matched window's at both points and at equal time, level with the other
+    two; no hybrid ahead of its local layer alone, the tile-matched window alone and s2 ahead
+    of every hybrid; ECP's and the tile-matched hybrids ahead of the transformer at 300 steps,
+    only ECP's at 600; the context gains' signs."""
+    summary = report(f"{FULL['hybrid-curve']}/curve.json")
+    calls, timed = summary["orderings"], summary["equal_time"]
+    hybrids = [m for m, r in summary["models"].items() if "from" not in r]
+    assert len(hybrids) == 4
+
+    def ahead(a: str, b: str) -> list[str]:
+        return [steps for steps, called in calls.items() if f"{a} < {b}" in called]
+
+    def ahead_in_time(a: str, b: str) -> bool:
+        return any(call.startswith(f"{a} < {b} ") for call in timed)
+
+    both = ["300", "600"]
+    assert ahead("hybrid_ecp", "hybrid_sliding_window") == both
+    assert ahead_in_time("hybrid_ecp", "hybrid_sliding_window")
+    for other in ("hybrid_sliding_window_tiles", "hybrid_block_local"):
+        assert not ahead("hybrid_ecp", other) and not ahead(other, "hybrid_ecp")
+    for hybrid, pure in (("hybrid_ecp", "ecp"), ("hybrid_sliding_window", "sliding_window"),
+                         ("hybrid_sliding_window_tiles", "sliding_window_tiles")):
+        assert not ahead(hybrid, pure)
+    assert not ahead("sliding_window", "hybrid_sliding_window")
+    assert not ahead("ecp", "hybrid_ecp")
+    for hybrid in hybrids:
+        assert ahead("sliding_window_tiles", hybrid) == both == ahead("s2", hybrid)
+        assert ahead_in_time("sliding_window_tiles", hybrid)
+    assert ahead("hybrid_ecp", "transformer") == both
+    assert ahead("hybrid_sliding_window_tiles", "transformer") == ["300"]
+    assert not ahead("hybrid_sliding_window", "transformer")
+    assert not ahead("hybrid_block_local", "transformer")
+    assert all(ahead_in_time(h, "transformer") for h in ("hybrid_ecp",
+                                                         "hybrid_sliding_window_tiles"))
+    assert "600" in ahead("ecp", "transformer")
+    gain = {m: full_hybrid_curve(m)["points"]["600"]["context_gain_bits"]
+            for m in summary["models"]}
+    assert gain["hybrid_ecp"]["min"] > 0 and gain["hybrid_ecp"]["min"] > gain["ecp"]["max"]
+    assert gain["transformer"]["min"] < 0 < gain["transformer"]["max"]
+    assert gain["hybrid_block_local"]["max"] < 0
 
 
 def test_the_full_curves_paired_seeds_are_as_results_md_says():
