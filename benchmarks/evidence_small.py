@@ -43,6 +43,21 @@ def table(rows: dict[str, float]) -> str:
     return "\n".join(lines)
 
 
+def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model, family and widest vector extension, as ``cpuinfo`` gives them: runs on
+    CPUs with other instruction sets round differently, so a timing says which one it was."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(line.split(":", 1) for line in text.splitlines()[:40] if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    flags = set(fields.get("flags", "").split())
+    vector = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
+    return (f"{fields.get('model name', platform.machine())}, family "
+            f"{fields.get('cpu family', '?')}, model {fields.get('model', '?')}, {vector}")
+
+
 def run_stage(command: list[str], env: dict[str, str]) -> int:
     """One stage in its own process; its exit code."""
     return subprocess.run(command, env=env).returncode
@@ -105,7 +120,8 @@ def main(argv: list[str] | None = None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "budget": args.budget, "jobs": args.jobs, "out": str(args.out), "seconds": done,
-            "cpus": os.cpu_count(), "machine": platform.platform()}, indent=2) + "\n")
+            "cpus": os.cpu_count(), "cpu": cpu(),
+            "machine": platform.platform()}, indent=2) + "\n")
         print(table(done), flush=True)
     return 0
 

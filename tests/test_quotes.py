@@ -491,6 +491,62 @@ def binding(model: str, where: str = SMALL) -> str:
     return f"{best:.3f}"
 
 
+RERUN = "docs/evidence/small-rerun"
+"""The small budget's second sitting, all five stages one after another on a CPU with another
+instruction set (``benchmarks/evidence_small.py``), its reports as the stages wrote them."""
+RERUN_REPORTS = {"recall": "recall", "relay": "relay", "curve": "curve", "dropout": "dropout",
+                 "hybrid-recall": "hybrid/recall", "hybrid-curve": "hybrid/curve"}
+
+
+def small_timing() -> dict:
+    """The second sitting's stage times and the script that wrote and renders them."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "evidence_small_script", ROOT / "benchmarks" / "evidence_small.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    seconds = report("benchmarks/results/evidence_small_cpu.json")["seconds"]
+    return {"table": script.table(seconds), "total": script.minutes(sum(seconds.values()))}
+
+
+def rerun_orderings(name: str) -> tuple[dict[str, list[str]], dict[str, list[str]]]:
+    """The orderings (per depth or budget point) of the small report ``name`` called only in
+    the first run, and those called only in the second."""
+    first, second = (report(f"{w}/{name}.json")["orderings"] for w in (SMALL, RERUN))
+    return ({k: [o for o in first[k] if o not in second[k]] for k in first},
+            {k: [o for o in second[k] if o not in first[k]] for k in first})
+
+
+def listed(orderings: dict[str, list[str]]) -> str:
+    return "; ".join(f"L = {k}: {', '.join(sorted(v))}" for k, v in orderings.items() if v)
+
+
+def rerun_recall_moves() -> str:
+    """How far the second run moved one recall seed's accuracy (over models, depths, seeds)."""
+    first, second = (report(f"{w}/recall.json")["models"] for w in (SMALL, RERUN))
+    moves = (abs(a - b) for m in first for d in first[m]["depths"]
+             for a, b in zip(first[m]["depths"][d]["per_seed"],
+                             second[m]["depths"][d]["per_seed"], strict=True))
+    return f"{max(moves):.3f}"
+
+
+def rerun_rates(name: str, model: str) -> str:
+    return ", then ".join(f"{stage_model(name, model, w)['lr']:.0e}".replace("e-0", "e-")
+                          for w in (SMALL, RERUN))
+
+
+def rerun_ecp_advantage() -> list[str]:
+    """The dropout finding of ECP's best-validation advantage over the entry-matched window, in
+    both runs: its first number."""
+    import re
+
+    lines = [next(f for f in report(f"{w}/dropout.json")["findings"]
+                  if f.startswith("ecp's best-validation advantage over sliding_window:"))
+             for w in (SMALL, RERUN)]
+    return [re.search(r"[+-]\d\.\d{4}", line).group(0) for line in lines]
+
+
 QUOTES = {
     "README: the window in tiles across N": (README, lambda: (
         f"key blocks, what a block-sparse kernel with blocks of the segment pays) it costs "
@@ -781,6 +837,39 @@ QUOTES = {
     "README: dropout, full": (README, lambda: (
         f"ECP's train–validation gap is larger than the transformer's "
         f"{full_dropout_gap_claim()}")),
+    "README: the small stages in one sitting": (README, lambda: small_timing()["table"]),
+    "README: the small stages' total": (README, lambda: (
+        f"the five `small` stages, one after\nanother in one sitting, take "
+        f"{small_timing()['total']} on the two cores")),
+    "results.md: the small stages' total": (RESULTS, lambda: (
+        f"(all five one after another in one sitting: {small_timing()['total']})")),
+    "README: recall, small, again": (README, lambda: (
+        f"the window's lead at L = 6 was not separated "
+        f"({recall_cell('sliding_window', 6, where=RERUN)} against "
+        f"{recall_cell('ecp', 6, where=RERUN)}) and ECP was also ahead of the "
+        f"tile-matched window and block_local at L = 4: at 800 steps, near the threshold of "
+        f"learning, rounding alone moves a seed by up to {rerun_recall_moves()}")),
+    "results.md: recall, small, again": (RESULTS, lambda: (
+        f"a seed's accuracy moved by up to {rerun_recall_moves()}, block_local chose another "
+        f"rate on its flat grid ({rerun_rates('recall', 'block_local')}), and two orderings "
+        f"changed. Called only in the first run: {listed(rerun_orderings('recall')[0])}. Called "
+        f"only in the second: {listed(rerun_orderings('recall')[1])}.")),
+    "results.md: hybrid recall, small, again": (RESULTS, lambda: (
+        f"block_local's hybrid chose another rate "
+        f"({rerun_rates('hybrid-recall', 'hybrid_block_local')}) "
+        f"and moved ({hybrid_recall('hybrid_block_local', 4)}, then "
+        f"{recall_cell('hybrid_block_local', 4, 'hybrid-recall', RERUN)} at L = 4)")),
+    "results.md: dropout, small, again": (RESULTS, lambda: (
+        "window, {}, then {} bits/byte, not separated either time)".format(
+            *rerun_ecp_advantage()))),
+    "results.md: curve step, small, again": (RESULTS, lambda: (
+        "ECP's step on the curve took {:.3f} s in the first run, {:.3f} s in\nthe second".format(
+            *(stage_model("curve", "ecp", w)["step_s"] for w in (SMALL, RERUN))))),
+    "results.md: relay, small, again": (RESULTS, lambda: (
+        f"replacing the path sends ECP to chance again "
+        f"({relay('ecp', 'path_replaced', where=RERUN)}, "
+        f"from\n{relay('ecp', 'clean', where=RERUN)} clean, the control at "
+        f"{relay('ecp', 'control_replaced', where=RERUN)})")),
     "results.md: binding, small": (RESULTS, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
@@ -1018,3 +1107,59 @@ def test_the_full_dropout_verdicts_are_its_findings():
         best = min((row for row in table.values() if row["arch"] == model),
                    key=lambda row: row["best_valid_bits"]["mean"])
         assert best["dropout"] == 0, model
+
+
+@pytest.mark.parametrize("stage", list(RERUN_REPORTS))
+def test_the_second_small_sitting_is_the_stages_own(stage):
+    """The second sitting's reports in docs/evidence/small-rerun are their stages' renderings
+    of the JSON beside them."""
+    target = STAGE_TABLES.get(stage, "ecp_lm.experiments.evidence.relay:relay_markdown")
+    check_rendering(f"{RERUN}/{stage}", target, in_results=False)
+
+
+def test_the_second_small_sitting_repeats_language_and_dropout():
+    """What results.md says the second sitting repeated: every budget point of both curves and
+    every dropout cell within 0.0001 bits/byte, the same rates and the same orderings at equal
+    steps, one equal-time ordering of the hybrids' curve not called again, the dropout findings
+    the same but for one digit, and the hybrids' recall orderings the same at both depths."""
+    def numbers(tree, skip=("step_s", "train_step_s", "trials")):
+        if isinstance(tree, dict):
+            return {k: numbers(v) for k, v in tree.items() if k not in skip}
+        if isinstance(tree, list):
+            return [numbers(v) for v in tree]
+        return tree
+
+    def drift(a, b):
+        if isinstance(a, dict):
+            return max((drift(a[k], b[k]) for k in a), default=0.0)
+        if isinstance(a, list):
+            return max((drift(x, y) for x, y in zip(a, b, strict=True)), default=0.0)
+        if isinstance(a, (int, float)) and not isinstance(a, bool):
+            return abs(a - b)
+        assert a == b
+        return 0.0
+
+    for name in ("curve", "hybrid-curve"):
+        first, second = (report(f"{w}/{name}.json") for w in (SMALL, RERUN))
+        assert all(first["models"][m]["lr"] == second["models"][m]["lr"] for m in first["models"])
+        assert drift(*(numbers({m: r["models"][m]["points"] for m in r["models"]})
+                       for r in (first, second))) < 1e-4
+        assert first["orderings"] == second["orderings"]
+        timed = [{o.split(" (")[0] for o in r["equal_time"]} for r in (first, second)]
+        assert (timed[0] - timed[1], timed[1] - timed[0]) == (
+            ({"hybrid_sliding_window_tiles < hybrid_sliding_window"}, set())
+            if name == "hybrid-curve" else (set(), set()))
+    first, second = (report(f"{w}/dropout.json") for w in (SMALL, RERUN))
+    assert drift(numbers(first["table"]), numbers(second["table"])) < 1e-4
+    changed = [(a, b) for a, b in zip(first["findings"], second["findings"], strict=True)
+               if a != b]
+    assert len(changed) == 1 and changed[0][0].startswith("ecp's best-validation advantage")
+    assert rerun_orderings("hybrid-recall") == ({"4": [], "8": []}, {"4": [], "8": []})
+    both = {d: [o for o in report(f"{SMALL}/recall.json")["orderings"][d]
+                if o not in rerun_orderings("recall")[0][d]] for d in ("2", "4", "6")}
+    local = ("ecp", "sliding_window", "sliding_window_tiles", "block_local")
+    for d, called in both.items():  # what both runs call, as results.md lists it
+        assert {f"transformer > {m}" for m in local} <= set(called)
+        assert {"sliding_window > sliding_window_tiles", "sliding_window > block_local"} <= set(
+            called)
+        assert ({"ecp > sliding_window_tiles", "ecp > block_local"} <= set(called)) == (d == "6")

@@ -79,3 +79,15 @@ def test_a_failed_stage_is_not_timed(tmp_path, monkeypatch):
     monkeypatch.setattr(evidence_small, "run_stage", lambda cmd, env: 3)
     assert evidence_small.main(["--out", str(tmp_path / "out"), "--json", str(js)]) == 3
     assert not js.exists()
+
+
+def test_the_times_name_the_cpu(tmp_path, launched):
+    """The JSON says which CPU it timed: its model, family and widest vector extension, read
+    from /proc/cpuinfo (runs on another instruction set round differently)."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
+                    "model\t\t: 2\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert evidence_small.cpu(info) == "AMD EPYC, family 26, model 2, avx2"
+    out, js = tmp_path / "out", tmp_path / "t.json"
+    assert evidence_small.main(["--out", str(out), "--json", str(js), "--stages", "relay"]) == 0
+    assert json.loads(js.read_text())["cpu"] == evidence_small.cpu()
