@@ -50,8 +50,9 @@ def cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
         text = cpuinfo.read_text()
     except OSError:
         return platform.processor() or platform.machine()
-    fields = dict(line.split(":", 1) for line in text.splitlines()[:40] if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    first = text.split("\n\n")[0]  # the first processor's block
+    fields = {k.strip(): v.strip() for k, v in (line.split(":", 1) for line in
+                                                first.splitlines() if ":" in line)}
     flags = set(fields.get("flags", "").split())
     vector = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "no avx")
     return (f"{fields.get('model name', platform.machine())}, family "
