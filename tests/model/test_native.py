@@ -4,8 +4,12 @@ block-local, shifted groups) for every block size and length, in float64 and flo
 against the (m, 2m)-mask ECP kernel; used by default on CPU; falls back when unavailable."""
 
 import math
+import os
+import shlex
+import shutil
 import subprocess
 import sys
+import sysconfig
 from functools import partial
 
 import pytest
@@ -145,7 +149,96 @@ def test_builds_in_its_own_folder(native_kernel):
     """One folder per source: an edited kernel is built afresh, never loaded from an old .so."""
     folder = native_kernel.build_directory()
     assert folder.name.startswith("ecp_lm_native_py") and any(folder.glob("*.so"))
-    assert folder.name.endswith(native_kernel._source_tag())
+    assert f"_{native_kernel._source_tag()}_" in folder.name
+
+
+def _elsewhere(monkeypatch, tmp_path, what):
+    """Make the running environment differ from this one in one input of ``build.ninja``."""
+    import torch.utils.cpp_extension as cpp
+
+    other = str(tmp_path / "other")
+    if what == "prefix":  # another virtual environment on the same interpreter
+        monkeypatch.setattr(sys, "prefix", other)
+    elif what == "executable":
+        monkeypatch.setattr(sys, "executable", f"{other}/bin/python")
+    elif what == "python_include":
+        monkeypatch.setattr(sysconfig, "get_path", lambda *_, **__: f"{other}/include")
+    elif what == "torch_include":
+        monkeypatch.setattr(cpp, "include_paths", lambda *_, **__: [f"{other}/torch/include"])
+    elif what == "torch_lib":
+        monkeypatch.setattr(cpp, "TORCH_LIB_PATH", f"{other}/torch/lib")
+    elif what == "sources":  # another checkout: the same sources at another path
+        copies = []
+        for source in native.SOURCES:
+            copies.append(tmp_path / source.name)
+            shutil.copy(source, copies[-1])
+        monkeypatch.setattr(native, "SOURCES", tuple(copies))
+    elif what == "cflags":
+        monkeypatch.setattr(native, "_cflags", lambda: ["-O2"])
+    elif what == "CXX":
+        monkeypatch.setenv("CXX", "clang++")
+    elif what == "compiler_wrapper":
+        monkeypatch.setattr(cpp, "_wrap_compiler", lambda compiler: ["ccache", compiler])
+    else:
+        raise AssertionError(what)
+
+
+@pytest.mark.parametrize("what", ["prefix", "executable", "python_include", "torch_include",
+                                  "torch_lib", "sources", "cflags", "CXX", "compiler_wrapper"])
+def test_each_environment_builds_in_its_own_folder(monkeypatch, tmp_path, what):
+    """Two environments sharing the cache (two virtual environments, two checkouts, another
+    compiler) write different ``build.ninja`` files, so they build in different folders: one
+    folder for both would relink at every switch between them."""
+    monkeypatch.delenv("CXX", raising=False)
+    here = native.build_directory()
+    assert native.build_directory() == here  # the same environment: the same folder
+    _elsewhere(monkeypatch, tmp_path, what)
+    there = native.build_directory()
+    assert there != here and there.parent == here.parent
+    readable = "_".join(here.name.split("_")[:-1])  # Python, torch, CPU and source tags
+    assert there.name.startswith(readable) and readable.startswith("ecp_lm_native_py")
+
+
+def test_the_build_inputs_cover_build_ninja(native_kernel):
+    """Every path and flag torch wrote into the build folder's ``build.ninja`` is one of
+    ``build_inputs``, so an environment that would write another ``build.ninja`` has another
+    folder."""
+    inputs = native_kernel.build_inputs()
+    values = set()
+    for value in inputs.values():
+        values.update(value if isinstance(value, list) else [str(value)])
+    ninja = (native_kernel.build_directory() / "build.ninja").read_text()
+    lines = dict(line.split(" = ", 1) for line in ninja.splitlines() if " = " in line)
+    assert lines["cxx"] == shlex.join(inputs["compiler"])
+    assert lines["cflags"].endswith(" ".join(inputs["cflags"]))
+    paths = [token.removeprefix("-L").removeprefix("-I") for token in ninja.split()]
+    paths = [path for path in paths if os.path.isabs(path)]
+    assert len(paths) >= 5 and not set(paths) - values, set(paths) - values
+
+
+def test_a_fresh_process_reuses_the_build(native_kernel, tmp_path):
+    """A process that loads the kernel after another one in the same environment finds its build
+    as it is: nothing recompiled or relinked, ``build.ninja`` not rewritten. The build folder
+    starts as a copy of this session's (``$TORCH_EXTENSIONS_DIR`` points to a fresh root; the
+    first load rebuilds where the copy does not serve)."""
+    folder = native_kernel.build_directory()
+    here = tmp_path / folder.name
+    shutil.copytree(folder, here, ignore=shutil.ignore_patterns("lock", "build.lock"))
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    load = ("from ecp_lm.model.kernels import native; "
+            "assert native.load(), 'the kernel did not load'; print(native.build_directory())")
+
+    def load_in_a_fresh_process():
+        done = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True,
+                              env=env, timeout=600)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.strip() == str(here)
+        return {path.name: path.stat().st_mtime_ns for path in here.iterdir()
+                if path.suffix in (".ninja", ".o", ".so")}  # what ninja writes, and build.ninja
+
+    first = load_in_a_fresh_process()
+    assert {"build.ninja", "ecp_lm_native.so", "band_attention.o", "decode.o"} <= set(first)
+    assert load_in_a_fresh_process() == first
 
 
 def test_loading_twice_in_one_process(native_kernel, monkeypatch):

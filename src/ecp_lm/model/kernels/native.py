@@ -28,10 +28,12 @@ product of one row and SDPA with one query run well below it.
 
 It is compiled with the system C++ compiler on first use (a few seconds) and cached by
 ``torch.utils.cpp_extension`` under ``$TORCH_EXTENSIONS_DIR`` (default
-``~/.cache/torch_extensions``), in one folder per Python, torch version, CPU instruction set and
-source hash, so that machines sharing a home directory do not share a binary and an edited source
-is rebuilt. Where it cannot be built, one warning is given and ECP falls back to the
-flash-attention kernels of ``segment_lse.py``. ``ECP_LM_NATIVE=0`` turns it off.
+``~/.cache/torch_extensions``), one folder per build environment (``build_inputs``: interpreter,
+torch, compiler and flags, source paths and content, CPU instruction set): machines sharing a home
+directory do not share a binary, an edited source is rebuilt, and two virtual environments or
+checkouts sharing the cache keep a build each instead of rewriting one ``build.ninja`` and
+relinking at every switch. Where it cannot be built, one warning is given and ECP falls back to
+the flash-attention kernels of ``segment_lse.py``. ``ECP_LM_NATIVE=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -39,10 +41,13 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import math
 import os
 import platform
+import shutil
 import sys
+import sysconfig
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,13 +120,47 @@ def unavailable() -> Iterator[None]:
         _loaded = saved
 
 
+def build_inputs() -> dict[str, object]:
+    """What ``torch.utils.cpp_extension.load`` writes into ``build.ninja`` here, and what the
+    binary depends on besides (source content, the CPU behind ``-march=native``): environments
+    that differ in any of them build in different folders, so neither rewrites the other's."""
+    from torch.utils import cpp_extension as cpp
+
+    wrap = getattr(cpp, "_wrap_compiler", lambda compiler: [compiler])  # ccache / sccache
+    command = list(wrap(cpp.get_cxx_compiler()))  # ``$CXX`` or ``c++``: the ``cxx`` line
+    scheme = "nt" if os.name == "nt" else "posix_prefix"  # where torch looks for Python.h
+    major, minor = sys.version_info[:2]
+    return {
+        "python": f"py{major}{minor}{getattr(sys, 'abiflags', '')}",
+        "prefix": sys.prefix,
+        "executable": sys.executable,
+        "python_include": sysconfig.get_path("include", scheme=scheme),
+        "torch": torch.__version__,
+        "torch_include": list(cpp.include_paths("cpu")),
+        "torch_lib": cpp.TORCH_LIB_PATH,  # the ``-L`` of ``ldflags``
+        "compiler": command,
+        "compiler_path": [shutil.which(part) or part for part in command],
+        "cflags": _cflags(),
+        "sources": [os.path.abspath(source) for source in SOURCES],
+        "source_hash": _source_tag(),
+        "cpu": _cpu_tag(),
+    }
+
+
+def folder_name(inputs: dict[str, object]) -> str:
+    """Readable Python, torch, CPU and source tags, then a short hash of all ``inputs``."""
+    key = hashlib.sha256(json.dumps(inputs, sort_keys=True).encode()).hexdigest()[:10]
+    tags = f"{inputs['python']}_torch{inputs['torch']}_{inputs['cpu']}_{inputs['source_hash']}"
+    return f"{_OPS}_{tags}_{key}".replace("+", "_")
+
+
 def build_directory() -> Path:
-    """Where the kernel is compiled: one folder per (Python, torch, CPU instruction set)."""
+    """Where the kernel is compiled: ``$TORCH_EXTENSIONS_DIR`` (default torch's
+    ``~/.cache/torch_extensions``), one folder per build environment (``build_inputs``)."""
     from torch.utils.cpp_extension import get_default_build_root
 
-    version = f"py{sys.version_info.major}{sys.version_info.minor}_torch{torch.__version__}"
-    name = f"{_OPS}_{version}_{_cpu_tag()}_{_source_tag()}"
-    return Path(get_default_build_root()) / name.replace("+", "_")
+    root = os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root()
+    return Path(root) / folder_name(build_inputs())
 
 
 @contextlib.contextmanager
