@@ -5,6 +5,10 @@
   equal sums of log-probabilities computed here from ``LanguageModel`` by the harness's
   documented windows (the context cut to the last N + 1 tokens; documents in disjoint windows
   of N, the first after the BOS token, the last with a full window of context);
+- at the harness's batch size 4, which right-pads a batch's rows with token 0 and passes no
+  attention mask, a perceiver-family batch whose rows could be padded is refused with one line
+  (its positions depend on where a row ends), and one whose rows are not padded is scored as
+  above;
 - ``lm_eval`` on the command line, with a local WikiText-style task of this test's own making,
   reports the word perplexity and bits per byte that ``ecp eval --stream`` gives on the same
   documents, within 1e-4 relative.
@@ -31,6 +35,8 @@ from lm_eval.models.huggingface import HFLM
 from ecp_lm import build_model
 from ecp_lm.config import ARCHS
 from ecp_lm.data.tokenizers import ByteTokenizer
+from ecp_lm.generation import generate
+from ecp_lm.hf import EcpLmForCausalLM
 from ecp_lm.hf.export import export_checkpoint
 from ecp_lm.run.checkpoint import save_checkpoint
 from ecp_lm.run.config import RunConfig
@@ -101,9 +107,8 @@ def rolling(model, text: str) -> float:
 @pytest.mark.parametrize("case", list(CASES))
 def test_harness_scores_equal_ours(case, tmp_path):
     model = sharp_model(**{**CASES[case], "vocab_size": 256})
-    # A perceiver-family model predicts the last l positions of its window, so a padded row,
-    # whose window ends later, is scored otherwise: one request per batch (the default).
-    batch_size = 1 if case in PERCEIVER_FAMILY else 2
+    # A perceiver-family model refuses a padded batch (test below): one request per batch.
+    batch_size = 1 if case in PERCEIVER_FAMILY else 4
     lm = HFLM(pretrained=export(tmp_path, model), trust_remote_code=True, device="cpu",
               batch_size=batch_size)
     assert lm.max_length == N and lm.prefix_token_id == LINE_END
@@ -117,6 +122,48 @@ def test_harness_scores_equal_ours(case, tmp_path):
                                        for i, doc in enumerate(DOCUMENTS)], disable_tqdm=True)
     for score, doc in zip(scores, DOCUMENTS, strict=True):
         assert score == pytest.approx(rolling(model, doc), rel=1e-5, abs=1e-4), doc[:20]
+
+
+@pytest.mark.parametrize("arch", PERCEIVER_FAMILY)
+def test_harness_batches_of_4_are_refused_where_padded_else_exact(arch, tmp_path):
+    """The requests' rows differ in length, so the harness right-pads them with token 0: refused
+    with one line that names the fix. A document's rolling windows of N tokens each (none
+    padded) are scored in one batch as at batch size 1. (Not DOCUMENTS' "xx...": in one batch,
+    its last two windows have the same tokens, and the harness scores the shorter continuation
+    with the first positions of the other's logits, where ours are the last.)"""
+    model = sharp_model(arch, vocab_size=256)
+    lm = HFLM(pretrained=export(tmp_path, model), trust_remote_code=True, device="cpu",
+              batch_size=4)
+    with pytest.raises(ValueError, match="batch_size=1") as err:
+        lm.loglikelihood([Instance("loglikelihood", {}, request, i)
+                          for i, request in enumerate(REQUESTS)], disable_tqdm=True)
+    assert "\n" not in str(err.value) and "token 0" in str(err.value)
+    doc = "The model reads a long context and predicts what comes next, segment by segment."
+    assert len(doc) > 2 * N  # three windows of N tokens (the last with a full context)
+    [score] = lm.loglikelihood_rolling([Instance("loglikelihood_rolling", {}, (doc,), 0)],
+                                       disable_tqdm=True)
+    assert score == pytest.approx(rolling(model, doc), rel=1e-5, abs=1e-4)
+
+
+def test_perceiver_rows_ending_in_token_0_need_an_attention_mask():
+    """Without a mask, every position's logits asked for, such rows could be the harness's
+    padding (refused); an all-ones mask says they are not, as do one row and logits_to_keep
+    (uncached generation); a causal pattern's logits never read later tokens."""
+    x = torch.randint(1, 50, (2, N // 2), generator=torch.Generator().manual_seed(0))
+    x[1, -1] = 0
+    model = sharp_model("perceiver_ar")
+    wrapper = EcpLmForCausalLM.from_language_model(model)
+    with torch.no_grad():
+        with pytest.raises(ValueError, match=r"rows \[1\] of a batch of 2 end in token 0"):
+            wrapper(x)
+        logits = wrapper(x, attention_mask=torch.ones_like(x)).logits
+        torch.testing.assert_close(logits, torch.cat([wrapper(x[:1]).logits,
+                                                      wrapper(x[1:]).logits]))
+        torch.testing.assert_close(wrapper(x, logits_to_keep=2).logits, logits[:, -2:])
+        plain = wrapper.generate(x, do_sample=False, max_new_tokens=N, use_cache=False)
+        assert torch.equal(plain, generate(model, x, N, temperature=0.0))
+        causal = EcpLmForCausalLM.from_language_model(sharp_model("ecp"))
+        torch.testing.assert_close(causal(x).logits[:, :-1], causal(x[:, :-1]).logits)
 
 
 # A WikiText-style document set: headings, runs of spaces, tabs; each document fits in one

@@ -10,7 +10,13 @@ token for every architecture.
 
 Batches: prompts of one length. Padding (an ``attention_mask`` with zeros) is refused with a
 ``ValueError``: ecp-lm positions are absolute (ECP's segments are aligned to position 0), so a
-left-padded row would be a different computation.
+left-padded row would be a different computation. lm-evaluation-harness, at a batch size above
+1, right-pads a batch's rows with token 0 and asks for every position's logits, with no mask:
+harmless where every position is predicted causally (a real position's logits never read later
+tokens), but a perceiver-family row is right-aligned in its window, so its positions depend on
+where the row ends. Such a call, a perceiver-family batch in which a row ends in token 0 (which
+may be that padding), is refused (``check_harness_padding``); an all-ones mask, or
+``logits_to_keep`` (what ``generate`` passes: the rows' last positions), says the rows are whole.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ecp_lm.generation import context_start
 from ecp_lm.hf.cache import EcpLmCache
 from ecp_lm.hf.config import EcpLmConfig
 from ecp_lm.model import LanguageModel
+from ecp_lm.model.archs.base import PerceiverFamily
 from ecp_lm.model.loss import next_token_loss
 from ecp_lm.model.rope import RotaryEmbedding
 
@@ -33,6 +40,8 @@ from ecp_lm.model.rope import RotaryEmbedding
 # 5.x release renamed it ``cache``.
 CACHE_FIELD = ("cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__
                 else "past_key_values")
+# The token lm-evaluation-harness right-pads a batch's rows with (its pad_and_concat).
+HARNESS_PAD_ID = 0
 
 
 class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
@@ -103,6 +112,10 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
         ``labels[:, 1:]``, -100 ignored). ``cache``, or ``use_cache=True`` in eval mode without
         labels, which makes one: ``input_ids`` continue the positions the cache has seen (see
         ``EcpLmCache.step``) and the output carries the cache.
+
+        ``attention_mask``: all ones, or none; without one, and without ``logits_to_keep``, a
+        perceiver-family batch whose rows may be lm-evaluation-harness's padding is refused
+        (``check_harness_padding``).
         """
         if input_ids is None or kwargs.get("inputs_embeds") is not None:
             raise ValueError("EcpLmForCausalLM takes input_ids (inputs_embeds is not supported)")
@@ -111,6 +124,8 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
         if cache is None and use_cache and labels is None and not self.training:
             cache = EcpLmCache(self.model, input_ids.size(0), input_ids.device)
         if cache is None:
+            if attention_mask is None and logits_to_keep == 0:
+                check_harness_padding(self.model, input_ids)
             logits = every_position(self.model, input_ids, logits_to_keep)
         elif isinstance(cache, EcpLmCache):
             logits = cache.step(self.model, input_ids)
@@ -175,3 +190,21 @@ def check_no_padding(attention_mask: Tensor | None) -> None:
         raise ValueError("attention_mask has zeros (padding): EcpLmForCausalLM takes batches "
                          "of prompts of one length, without padding; generate prompts of "
                          "different lengths one at a time")
+
+
+def check_harness_padding(model: LanguageModel, input_ids: Tensor) -> None:
+    """ValueError for a perceiver-family batch of rows, some ending in ``HARNESS_PAD_ID``, given
+    without an attention mask: lm-evaluation-harness's right padding, for all the model can
+    tell, and a padded row's window would end later than the row, scoring its tokens at other
+    positions. One row is never padded, nor is a row ending in another token."""
+    if not isinstance(model.arch, PerceiverFamily) or input_ids.size(0) < 2:
+        return
+    ends = (input_ids[:, -1] == HARNESS_PAD_ID).nonzero().flatten().tolist()
+    if ends:
+        raise ValueError(
+            f"rows {ends} of a batch of {input_ids.size(0)} end in token {HARNESS_PAD_ID}, "
+            f"which is how lm-evaluation-harness right-pads a batch (it passes no attention "
+            f"mask), and a perceiver-family model ({model.cfg.arch}) scores a row's tokens by "
+            f"where the row ends, so a padded row would be scored at other positions: run the "
+            f"harness with batch_size=1 (or, if no row is padded, pass an all-ones "
+            f"attention_mask)")
