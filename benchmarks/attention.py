@@ -49,7 +49,8 @@ import torch.nn.functional as F
 from ecp_lm.model.archs.ecp import SegmentPairMask
 from ecp_lm.model.archs.sliding_window import SlidingWindowMask
 from ecp_lm.model.kernels import native
-from ecp_lm.model.kernels.flex import Bands, flex_attention_from_mask
+from ecp_lm.model.kernels.block_masks import Bands
+from ecp_lm.model.kernels.flex import flex_attention_from_mask
 from ecp_lm.model.kernels.sdpa import segment_pair_attention
 from ecp_lm.model.rows import Rows
 

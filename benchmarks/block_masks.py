@@ -3,7 +3,7 @@
 Block masks: for ecp, sliding_window, block_local and s2 (``--heads`` heads, 8 by default),
 each sized as ``ecp bench`` sizes it from m = ``--segment-len`` (ecp with segments of m, s2 with
 groups of m, the window with ECP's entries, block_local with blocks of 2m), the block mask of one
-window of T positions is built from the architecture's band rules (``flex.band_block_mask``).
+window of T positions is built from the architecture's band rules (``blocks.band_block_mask``).
 Reported: the bytes of the BlockMask's own tensors (their storages, each counted once), the bytes
 of every tensor an operation creates while building it (views and in-place results excluded; an
 upper bound on what building holds at once), the growth of the process's peak resident set while
@@ -13,7 +13,7 @@ releases (torch's eager ``create_block_mask`` with a ``mask_mod`` that gathers p
 captured tensor), which materialises the (Q, KV) mask.
 
 ``--predicate-archs`` (default: the transformer) adds the block masks that are built from the
-predicate, a few block rows at a time (``flex.predicate_block_mask``): their tensors, the peak
+predicate, a few block rows at a time (``blocks.predicate_block_mask``): their tensors, the peak
 resident set's growth and the time.
 
 Forward: ecp and s2 with ``attn_impl="flex"``, d_model 32, one layer, 4 heads, N = 1024 and
@@ -44,6 +44,7 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.bench.core import CreatedBytes, bench_sizes
 from ecp_lm.model.archs import architecture
+from ecp_lm.model.kernels import block_masks as blocks
 from ecp_lm.model.kernels import flex
 from ecp_lm.model.rows import Rows
 
@@ -99,9 +100,9 @@ def run_block_mask(name: str, seq_len: int, builder: str, args: argparse.Namespa
         if builder == "previous":
             return previous_block_mask(arch.mask, args.heads, t)
         if builder == "predicate":
-            return flex.predicate_block_mask(arch.mask, args.heads, Rows.span(0, t),
+            return blocks.predicate_block_mask(arch.mask, args.heads, Rows.span(0, t),
                                              Rows.span(0, t), torch.device("cpu"))
-        return flex.band_block_mask(arch.mask, bands, 0, 0, t, t, torch.device("cpu"))
+        return blocks.band_block_mask(arch.mask, bands, 0, 0, t, t, torch.device("cpu"))
 
     build(2 * args.segment_len + 1)  # load the code paths before the baseline
     mark = _peak_kib()
@@ -111,7 +112,7 @@ def run_block_mask(name: str, seq_len: int, builder: str, args: argparse.Namespa
     growth = (_peak_kib() - mark) * 1024
     allocated = None  # the predicate builder's chunks add up to far more than it ever holds
     if builder != "predicate":
-        flex._band_block_mask.cache_clear()  # build it again, rather than find it cached
+        blocks._band_block_mask.cache_clear()  # build it again, rather than find it cached
         with CreatedBytes() as allocations:
             build(seq_len)
         allocated = allocations.bytes
@@ -153,9 +154,9 @@ def gpu_check_section(device: torch.device, seq_lens, heads: int = 8) -> dict:
     for name in ARCHS:
         for seq_len in seq_lens:
             arch, _ = _arch(name, seq_len, args)
-            flex._band_block_mask.cache_clear()
+            blocks._band_block_mask.cache_clear()
             with CreatedBytes() as allocations:
-                block_mask = flex.band_block_mask(arch.mask, arch.flex_bands(heads), 0, 0,
+                block_mask = blocks.band_block_mask(arch.mask, arch.flex_bands(heads), 0, 0,
                                                   seq_len, seq_len, device)
             cases.append({"arch": name, "seq_len": seq_len, "heads": heads,
                           "mib": allocations.bytes / 2**20,
@@ -284,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         meta = {"torch": torch.__version__, "machine": platform.machine(),
-                "threads": torch.get_num_threads(), "block": flex.BLOCK, "heads": args.heads,
+                "threads": torch.get_num_threads(), "block": blocks.BLOCK, "heads": args.heads,
                 "segment_len": args.segment_len, "seq_lens": args.seq_lens,
                 "previous_max_len": args.previous_max_len,
                 "predicate_archs": args.predicate_archs, "forward_lens": args.forward_lens}

@@ -81,3 +81,37 @@ def test_bf16_autocast_training_step_is_close_to_fp32(arch):
     for g32, g16 in zip(grads32, grads16, strict=True):
         cosine = torch.nn.functional.cosine_similarity(g32.flatten(), g16.flatten(), dim=0)
         assert cosine > 0.98, cosine
+
+
+@pytest.mark.parametrize("arch", ["ecp", "double"])  # a band block mask, a predicate one
+def test_fullgraph_compiled_forward_runs_flex_on_the_cpu(arch):
+    """A model compiled whole (fullgraph) lowers FlexAttention inside its graph on the CPU: the
+    capability check is not traced, and the block mask's offsets are constants there."""
+    model = sharp_model(arch, attn_impl="flex")
+    ref = sharp_model(arch, attn_impl="reference")
+    ref.load_state_dict(model.state_dict())
+    tokens = random_tokens(2, N - 3)
+    torch._dynamo.reset()
+    try:
+        with torch.no_grad():
+            out = torch.compile(model, fullgraph=True)(tokens)
+    finally:
+        torch._dynamo.reset()
+    torch.testing.assert_close(out, ref(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_a_compiled_step_that_cannot_train_is_refused_before_tracing(tmp_path):
+    """train.compile with a kernel that has no CPU backward: the kernel's own one-line reason,
+    before torch.compile traces anything (its error would name a graph break instead)."""
+    from torch._dynamo.utils import counters
+
+    from ecp_lm.train.loop import train
+    from helpers import tiny_run_config
+
+    cfg = tiny_run_config(tmp_path, steps=2, compile=True, overrides=["model.attn_impl=flex"])
+    torch._dynamo.reset()
+    frames = counters["frames"]["total"]
+    with pytest.raises(ValueError, match="attn_impl='flex' cannot run this call: FlexAttention "
+                                         "has no backward on cpu"):
+        train(cfg, tmp_path / "run", progress=False)
+    assert counters["frames"]["total"] == frames

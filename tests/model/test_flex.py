@@ -4,6 +4,8 @@ the key blocks' query lists); building one allocates O(T); the compiled forward 
 backward) equals the dense reference; and one compilation serves every length. On a machine
 with CUDA the tests that build or run run there too."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -12,8 +14,8 @@ from ecp_lm.bench.core import CreatedBytes, bench_sizes
 from ecp_lm.model.archs import architecture
 from ecp_lm.model.archs.double import DoubleMask
 from ecp_lm.model.archs.transformer import CausalMask
-from ecp_lm.model.kernels import flex
-from ecp_lm.model.kernels.flex import BLOCK
+from ecp_lm.model.kernels import block_masks, flex
+from ecp_lm.model.kernels.block_masks import BLOCK
 from ecp_lm.model.kernels.masks import materialize
 from ecp_lm.model.kernels.sdpa import reference_attention
 from ecp_lm.model.rows import Rows
@@ -115,7 +117,7 @@ def test_band_block_mask_equals_the_predicate(case, device):
     bands = arch.flex_bands(n_heads)
     for q_rows, kv_rows in layouts(arch.period):
         q_start, kv_start = q_rows.main.start, kv_rows.main.start
-        block_mask = flex.band_block_mask(arch.mask, bands, q_start, kv_start, len(q_rows),
+        block_mask = block_masks.band_block_mask(arch.mask, bands, q_start, kv_start, len(q_rows),
                                           len(kv_rows), torch.device(device))
         assert_states(block_mask, arch.mask, n_heads, q_rows, kv_rows,
                       f"{case} q={q_rows.main} kv={kv_rows.main}")
@@ -125,7 +127,7 @@ def test_band_block_masks_differ_between_heads_for_s2():
     """Guard against a vacuous per-head comparison: s2's two halves of heads list different
     blocks, and each half its own (period, shift) rule."""
     arch, n_heads = band_arch("s2_g96_4heads")
-    block_mask = flex.band_block_mask(arch.mask, arch.flex_bands(n_heads), 0, 0, 520, 520,
+    block_mask = block_masks.band_block_mask(arch.mask, arch.flex_bands(n_heads), 0, 0, 520, 520,
                                       torch.device("cpu"))
     assert block_mask.kv_num_blocks.shape == (1, 4, 5)
     grids = torch.stack([listed(block_mask.kv_num_blocks, block_mask.kv_indices, 5),
@@ -146,7 +148,8 @@ def test_band_block_masks_differ_between_heads_for_s2():
     (CausalMask(), 1, Rows(range(0), range(390, 520)), Rows(range(200, 256), range(300, 520))),
 ])
 def test_predicate_block_mask_equals_the_predicate(mask, n_heads, q_rows, kv_rows):
-    block_mask = flex.predicate_block_mask(mask, n_heads, q_rows, kv_rows, torch.device("cpu"))
+    block_mask = block_masks.predicate_block_mask(mask, n_heads, q_rows, kv_rows,
+                                                  torch.device("cpu"))
     assert_states(block_mask, mask, n_heads, q_rows, kv_rows, f"{mask} {q_rows} {kv_rows}")
 
 
@@ -156,7 +159,7 @@ def test_predicate_block_states_equal_the_band_ones(case):
     time)."""
     arch, n_heads = band_arch(case)
     for q_rows, kv_rows in layouts(arch.period):
-        partial, full = flex.block_states(arch.mask, n_heads, q_rows, kv_rows)
+        partial, full = block_masks.block_states(arch.mask, n_heads, q_rows, kv_rows)
         want = dense_states(arch.mask, n_heads, q_rows, kv_rows)
         assert torch.equal(partial, want[0]) and torch.equal(full, want[1])
 
@@ -166,14 +169,15 @@ def test_predicate_block_states_equal_the_band_ones(case):
 def test_building_a_band_block_mask_allocates_linear_memory(arch_name, device):
     """At T = 65,536 (s2 with 8 heads) building allocates well under 64 MiB in all, and 4x the
     length costs at most 5x the bytes: no (Q, KV) tensor, nor a (Q / 128, KV / 128) one."""
-    flex._band_block_mask.cache_clear()  # build, rather than find a cached mask
+    block_masks._band_block_mask.cache_clear()  # build, rather than find a cached mask
     allocated = {}
     for t in (16_384, 65_536):
         cfg = ModelConfig(arch=arch_name, d_model=64, n_heads=8, seq_len=t,
                           **bench_sizes(arch_name, t, 256))
         arch = architecture(arch_name)(cfg)
         with CreatedBytes() as mode:
-            flex.band_block_mask(arch.mask, arch.flex_bands(8), 0, 0, t, t, torch.device(device))
+            block_masks.band_block_mask(arch.mask, arch.flex_bands(8), 0, 0, t, t,
+                                        torch.device(device))
         allocated[t] = mode.bytes
     assert 0 < allocated[65_536] < 64 * 2**20
     assert allocated[65_536] <= 5 * allocated[16_384], allocated
@@ -182,9 +186,9 @@ def test_building_a_band_block_mask_allocates_linear_memory(arch_name, device):
 def test_block_mask_cache_is_bounded():
     arch, n_heads = band_arch("ecp_m48")
     for t in range(200, 240):
-        flex.band_block_mask(arch.mask, arch.flex_bands(n_heads), 0, 0, t, t,
+        block_masks.band_block_mask(arch.mask, arch.flex_bands(n_heads), 0, 0, t, t,
                              torch.device("cpu"))
-    assert flex._band_block_mask.cache_info().currsize <= 8
+    assert block_masks._band_block_mask.cache_info().currsize <= 8
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -240,3 +244,65 @@ def test_one_compilation_serves_every_length(device):
         recompiles = counters["stats"]["unique_graphs"] - graphs
         torch.testing.assert_close(out, ref(tokens), atol=1e-5, rtol=0)
     assert recompiles <= 1, f"{recompiles} recompilations for 8 lengths"
+
+
+@pytest.mark.parametrize("head_dim", [16, 32, 64])
+def test_exact_at_every_head_size(head_dim):
+    """torch's compiled CPU kernel is wrong at head size 16 for some lengths after a longer call
+    (flex.py pads the head below 32): T = 8, 24, 40, 56 after T = 200, against the reference."""
+    arch, _ = band_arch("ecp_m48")
+    bands = arch.flex_bands(2)
+    gen = torch.Generator().manual_seed(head_dim)
+    for t in (200, 8, 24, 40, 56, 72, 120):
+        q, k, v = (torch.randn(2, 2, t, head_dim, generator=gen) for _ in range(3))
+        rows = Rows.span(0, t)
+        with torch.no_grad():
+            out = flex.flex_attention_from_mask(q, k, v, arch.mask, rows, bands)
+        want = reference_attention(q, k, v, arch.mask, rows.positions(), rows.positions())
+        torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5,
+                                   msg=lambda m, t=t: f"head size {head_dim}, T={t}: {m}")
+
+
+HYBRID = dict(layer_pattern="ecp,sliding_window,s2,block_local", n_layers=4, seq_len=64,
+              num_segments=4)
+
+
+def test_a_hybrid_of_every_local_kind_stays_within_the_graph_budget():
+    """Each of the four kinds compiles one graph per dtype, whatever the length (1 included)
+    and grad mode: 4 kinds x (fp32, bf16) graphs in all, none more for the lengths, T = 1 or a
+    grad-enabled call, and never an uncompiled (eager, O(T²)) FlexAttention, which torch warns
+    about."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = sharp_model("hybrid", attn_impl="flex", **HYBRID)
+    ref = sharp_model("hybrid", attn_impl="reference", **HYBRID)
+    ref.load_state_dict(model.state_dict())
+    model.requires_grad_(False)  # a grad-enabled call that needs no backward runs on the CPU
+    before, graphs = counters["stats"]["unique_graphs"], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "called without torch.compile()"
+        for grad in (False, True):
+            for t in (200, 1, 37, 129, 300):
+                tokens = random_tokens(2, t, seed=t)
+                with torch.set_grad_enabled(grad):
+                    out = model(tokens)
+                    with torch.autocast("cpu", dtype=torch.bfloat16):
+                        half = model(tokens)
+                torch.testing.assert_close(out, ref(tokens), atol=1e-5, rtol=0)
+                assert half.dtype == torch.bfloat16 and half.isfinite().all()
+                graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert graphs[0] == 4 * 2 and set(graphs) == {graphs[0]}, graphs
+
+
+def test_past_the_limit_is_an_error_naming_the_cause():
+    """Past dynamo's recompile limit a kind raises RuntimeError, never runs eagerly."""
+    torch._dynamo.reset()
+    arch, n_heads = band_arch("block_local_b96")
+    rows = Rows.span(0, 150)
+    q, k, v = (torch.randn(2, n_heads, 150, 32) for _ in range(3))
+    with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=1):
+        flex.flex_attention_from_mask(q, k, v, arch.mask, rows, arch.flex_bands(n_heads))
+        with pytest.raises(RuntimeError, match="recompile_limit=1.*bfloat16.*attn_impl"):
+            flex.flex_attention_from_mask(q.bfloat16(), k.bfloat16(), v.bfloat16(), arch.mask,
+                                          rows, arch.flex_bands(n_heads))

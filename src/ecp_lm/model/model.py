@@ -20,7 +20,7 @@ from ecp_lm.model.archs import architecture
 from ecp_lm.model.archs.base import Architecture
 from ecp_lm.model.cache import KVCache, decode_span
 from ecp_lm.model.context_parallel import ContextGroup
-from ecp_lm.model.kernels import choose_kernel
+from ecp_lm.model.kernels import check_kernel, choose_kernel
 from ecp_lm.model.kernels.flex import flex_attention_from_mask
 from ecp_lm.model.kernels.native import decode_linear, dropout
 from ecp_lm.model.kernels.sdpa import cached_attention, reference_attention
@@ -384,6 +384,16 @@ class LanguageModel(nn.Module):
         if torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type):
             return torch.get_autocast_dtype(device_type)
         return self.embed.weight.dtype
+
+    def check_kernels(self, device: torch.device | str, training: bool) -> None:
+        """Refuses (ValueError) an explicit ``attn_impl`` that cannot run this model's layers on
+        ``device`` in ``compute_dtype`` (call it under the autocast the model will run in), with
+        their dropout and a backward where ``training``: called before compiling a step, so that
+        the reason comes first rather than inside torch.compile's error."""
+        device = torch.device(device)
+        dtype, dropout = self.compute_dtype(device.type), self.cfg.dropout if training else 0.0
+        for block in self.blocks:
+            check_kernel(block.attn.arch, self.cfg.attn_impl, device, dtype, dropout, training)
 
     def check_context(self, shard_len: int, context: ContextGroup, start_pos: int,
                       caches: list[KVCache] | None = None) -> None:

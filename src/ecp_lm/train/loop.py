@@ -182,10 +182,13 @@ class _Loop:
         # train.compile on one process: the forward, the loss and (through AOTAutograd) their
         # backward as one graph without breaks.
         self.loss_sum = task.loss_sum
+        self.autocast = autocast(self.tc.precision, dist.device)
+        if self.tc.compile:  # a kernel that cannot train here is refused before any tracing
+            with self.autocast:
+                model.check_kernels(dist.device, training=True)
         if self.tc.compile and dist.world_size == 1:
             self.loss_sum = torch.compile(task.loss_sum, fullgraph=True)
         self.out_dir, self.state = out_dir, state
-        self.autocast = autocast(self.tc.precision, dist.device)
         self.metrics = Tracking(cfg, out_dir, state["step"], ckpt is not None, dist.is_main)
         self.saved_step = None if ckpt is None else state["step"]  # step held by latest/
         self.wrote_latest = False

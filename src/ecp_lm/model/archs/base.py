@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Protocol
 import torch
 from torch import Tensor, nn
 
-from ecp_lm.model.kernels import flex, native
+from ecp_lm.model.kernels import block_masks, native
 from ecp_lm.model.kernels.masks import Mask
 from ecp_lm.model.rows import Rows
 
@@ -240,9 +240,9 @@ class Architecture:
         architectures get queries at every row (Rq = R), starting a period."""
         raise NotImplementedError
 
-    def flex_bands(self, n_heads: int) -> flex.Bands | None:
+    def flex_bands(self, n_heads: int) -> block_masks.Bands | None:
         """The block structure FlexAttention's block mask is built from; None: from the
-        predicate, evaluated block row by block row (flex.py)."""
+        predicate, evaluated block row by block row (block_masks.py)."""
         return None
 
 
@@ -305,12 +305,12 @@ class BandArchitecture(Architecture):
         # For a rule, q - lo(q) + 1 is largest just before lo(q) moves on: period + back.
         return max(rule[0] + rule[2] for _, rule in self.band_rules())
 
-    def flex_bands(self, n_heads: int) -> flex.Bands:
+    def flex_bands(self, n_heads: int) -> block_masks.Bands:
         rules = [None] * n_heads
         for heads, rule in self.band_rules():
             for head in range(n_heads)[heads]:
                 rules[head] = rule
-        return flex.Bands(tuple(rules), self.period)
+        return block_masks.Bands(tuple(rules), self.period)
 
     def reach(self, t: int) -> int:
         """The first position any head of query position ``t`` sees, in one layer."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
 from torch import Tensor
 
 from ecp_lm.model.kernels import flex, native
@@ -31,26 +32,27 @@ if TYPE_CHECKING:
 
 
 def choose_kernel(arch: Architecture, impl: str, q: Tensor, dropout_p: float,
-                  needs_backward: bool) -> str:
+                  needs_backward: bool, compiling: bool | None = None) -> str:
     """The kernel that runs a call with queries ``q``: ``impl`` itself, or for ``auto``
     FlexAttention on CUDA where the architecture prefers it, else the first of the
     architecture's kernels that can run it, else ``reference``. ValueError if an explicit
-    choice cannot run it."""
+    choice cannot run it. ``compiling``: whether the call is traced by torch.compile (None:
+    whether it is now)."""
     if impl == "auto":
         if q.is_cuda and arch.flex_on_cuda and dropout_p == 0.0:
             return "flex"
         for kernel in arch.auto_kernels(dropout_p):
-            if kernel_problem(arch, kernel, q, dropout_p, needs_backward) is None:
+            if kernel_problem(arch, kernel, q, dropout_p, needs_backward, compiling) is None:
                 return kernel
         return "reference"
-    problem = kernel_problem(arch, impl, q, dropout_p, needs_backward)
+    problem = kernel_problem(arch, impl, q, dropout_p, needs_backward, compiling)
     if problem is not None:
         raise ValueError(f"attn_impl={impl!r} cannot run this call: {problem}")
     return impl
 
 
 def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
-                   needs_backward: bool) -> str | None:
+                   needs_backward: bool, compiling: bool | None = None) -> str | None:
     """Why ``kernel`` cannot run this call of ``arch`` (None: it can)."""
     if kernel == "reference":
         return None
@@ -67,7 +69,7 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
     if kernel == "native":
         if q.device.type != "cpu":
             return f"the native kernel runs on CPU, not {q.device.type}"
-        if not native.dropout_traces(dropout_p):
+        if not native.dropout_traces(dropout_p, compiling):
             return ("the native kernel's dropout runs eagerly only, not under torch.compile "
                     "(dropout > 0 in training)")
         if q.dtype not in native.DTYPES:
@@ -76,3 +78,13 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
         if not native.load():
             return "the native kernel could not be built (see the warning above)"
     return arch.kernel_limit(kernel, q, dropout_p)
+
+
+def check_kernel(arch: Architecture, impl: str, device: torch.device, dtype: torch.dtype,
+                 dropout_p: float, needs_backward: bool) -> None:
+    """The ValueError a call of ``arch`` on ``device`` in ``dtype`` would raise where ``impl``
+    cannot run it in a compiled step, raised now: before torch.compile traces the step, whose
+    own error would bury the reason in a graph break. Checks what a call's device, dtype,
+    dropout and backward decide, not its length."""
+    q = torch.empty(1, 1, 1, 1, device=device, dtype=dtype)
+    choose_kernel(arch, impl, q, dropout_p, needs_backward, compiling=True)

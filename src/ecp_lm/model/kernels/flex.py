@@ -1,365 +1,181 @@
-"""FlexAttention with the mask predicate as ``mask_mod``, its block masks in O(T) memory.
+"""FlexAttention with the mask predicate as ``mask_mod``, compiled within a stated graph budget
+(its block masks, in O(T) memory: block_masks.py).
 
-Conventions (``torch.nn.attention.flex_attention``): query and key rows are cut into blocks of
-``BLOCK`` = 128 from the first row. A ``BlockMask`` lists, per (head, query block), the key blocks
-computed with ``mask_mod`` applied ("partial") and those in which every entry is allowed
-("full"), and the same transposed, per key block, for the backward. A block that the end of the
-rows cuts short is never full (torch's convention: rows past the end count as masked).
+The compiled call is one graph for every length: only the batch and row dimensions of q, k, v
+and the tables' rows and columns are symbolic, the BlockMask is assembled inside the graph from
+them, and heads, head size and the mask's own sizes stay constants. Compiled, the forward runs
+on CPU too (torch's C++ template, x86 with AVX2); the backward only on CUDA.
 
-Queries are the last Rq of the Rk key rows. The rows of a band architecture are contiguous
-positions ``kv_start .. kv_start + Rk - 1``; those of the perceiver family at most two runs
-(``Rows``: history, then main). The ``mask_mod`` is the predicate on the positions of
-``q_idx`` and ``kv_idx``, computed from them by arithmetic (index + start, plus the gap between
-the runs past the history); starts and gaps are 0-dim tensors, so that a new offset changes
-data, not the compiled kernel.
+Graph budget. torch.compile keeps a function's graphs on its code object and, past
+``torch._dynamo.config.recompile_limit`` of them (8), would run it uncompiled: FlexAttention
+eagerly, O(T²) in time and memory. So:
 
-Two builders, neither of which forms a (Q, KV) tensor:
+- every *kind* of call (``Kind``: the mask's value, whether the rows have a gap, whether every
+  row queries) gets a compiled function with a code object of its own: kinds never share the
+  limit, and a hybrid of four local patterns has four functions;
+- what would add graphs is normalised before the call: one query row gets a second one after
+  it (a length of 1 is a specialisation of its own; the row is a later position, which no
+  causal query sees, and its output is dropped); grad mode is off unless an input needs a
+  gradient; autocast is off inside (q, k, v arrive in the dtype they were computed in);
+- what is left is one graph per (dtype, forward only or with backward, batch of one or of
+  several): ``GRAPHS_PER_KIND`` = 8 for two dtypes on CUDA, dynamo's default limit; 4 on a CPU
+  (no backward). Past the limit the call raises ``RuntimeError`` naming the kind and the cause
+  (the function is compiled with ``fullgraph``), never an eager run.
 
-- ``band_block_mask``: for a band architecture (``Bands``: a rule per head, query position t
-  sees keys lo(t) .. t). A query block's visible keys are one contiguous range
-  [lo(first query), last query], its full blocks one sub-range of it, both in closed form, and
-  the same holds for the queries that see a key block; O(T / 128 · w) for a band w blocks wide.
-  The pattern repeats every ``period`` positions, so a window is moved back by whole periods
-  first and one table serves every start that agrees modulo the period.
-- ``predicate_block_mask``: any predicate, evaluated a few block rows of queries at a time:
-  O(128 · Rk) memory, O(Rq · Rk) time, for the patterns whose attention costs that anyway.
-
-torch's kernels take (1, H, rows, columns) index tables, at least as many columns as blocks,
-but read only the first ``num_blocks`` entries of a row. The band builder stores a row in w
-entries of one buffer and hands the table over as an overlapping strided view of it (row stride
-w, w times as many columns as blocks): the shape the kernels expect, in O(rows · w) memory.
-Entries past ``num_blocks`` hold other rows' (valid) indices.
-
-The compiled call (``flex_attention``) is one graph for every length: only the row dimension
-of q, k, v and the tables' rows and columns are symbolic, the BlockMask is assembled inside the
-graph from them, and heads, head size and the mask's own sizes stay constants. Tables have at
-least two block rows and columns, because torch.compile specialises a dimension of size 1 (a
-length of 1 itself compiles once more). Compiled, the forward runs on CPU too (torch's C++
-template, x86 with AVX2); the backward only on CUDA.
+Head size. On the CPU, torch 2.13's compiled kernel is wrong at head sizes below 24 for some
+lengths (head size 16: T = 8, 24, 40, 56, 72, 120 differ from the reference, one NaN), and exact
+at 32 and above; head sizes below ``MIN_CPU_HEAD_DIM`` are zero-padded to it, the scale kept at
+1/sqrt(D): the scores, and so the output's first D columns, are unchanged.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
+import types
 from dataclasses import dataclass
 from functools import lru_cache
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-from ecp_lm.model.kernels.masks import Mask, materialize
+from ecp_lm.model.kernels import block_masks
+from ecp_lm.model.kernels.block_masks import Bands
+from ecp_lm.model.kernels.masks import Mask
 from ecp_lm.model.rows import Rows
 
-BLOCK = 128
-"""torch's default sparse block size, by which its CPU and CUDA kernels tile."""
+MIN_CPU_HEAD_DIM = 32
+"""The smallest head size torch's compiled CPU FlexAttention computes exactly (see above)."""
 
-# (period, shift, back): query position t sees keys lo(t) .. t with
-# lo(t) = max(0, floor((t + shift) / period) * period - shift - back) (archs/base.py, native.py).
-BandRule = tuple[int, int, int]
+GRAPHS_PER_KIND = 8
+"""The graph budget of one kind: 2 dtypes x (forward only, with backward) x (batch of one, of
+several). Equal to dynamo's default ``recompile_limit``, which enforces it."""
 
 
 @dataclass(frozen=True)
-class Bands:
-    """A band architecture's block structure for FlexAttention: the rule of each head, and the
-    period after which the whole pattern (and its predicate) repeats."""
+class Kind:
+    """What one compiled FlexAttention function serves (the module docstring): a mask, on rows
+    with or without a gap between history and main, queried by every row or by the last few, at
+    one number of heads and head size, on one kind of device."""
 
-    head_rules: tuple[BandRule, ...]
-    period: int
+    mask: Mask
+    gapped: bool
+    every_row_queries: bool
+    heads: int
+    head_dim: int
+    device: str
 
 
 def flex_attention_from_mask(q: Tensor, k: Tensor, v: Tensor, mask: Mask, rows: Rows,
                              bands: Bands | None = None) -> Tensor:
     """FlexAttention over ``rows`` (q: their last Rq rows) whose ``mask_mod`` is ``mask``; the
     block mask comes from ``bands`` where given, else from the predicate."""
+    q_len = q.size(-2)
+    if q_len == 1:  # one row more, after the last: a length of 1 would compile a graph of its own
+        q, k, v = (F.pad(x, (0, 0, 0, 1)) for x in (q, k, v))
+        return flex_attention_from_mask(q, k, v, mask, _one_row_more(rows), bands)[..., :1, :]
     if bands is None:
-        block_mask = predicate_block_mask(mask, q.size(1), rows.tail(q.size(-2)), rows, q.device)
+        block_mask = block_masks.predicate_block_mask(mask, q.size(1), rows.tail(q_len), rows,
+                                                      q.device)
     else:
-        kv_start = first_position(rows)
-        block_mask = band_block_mask(mask, bands, kv_start + len(rows) - q.size(-2), kv_start,
-                                     q.size(-2), len(rows), q.device)
-    return flex_attention(q, k, v, block_mask)
+        kv_start = block_masks.first_position(rows)
+        block_mask = block_masks.band_block_mask(mask, bands, kv_start + len(rows) - q_len,
+                                                 kv_start, q_len, len(rows), q.device)
+    gapped = bool(len(rows.history) and len(rows.main)) and rows.history.stop != rows.main.start
+    kind = Kind(mask, gapped, q_len == len(rows), q.size(1), q.size(-1), q.device.type)
+    return flex_attention(q, k, v, block_mask, kind)
 
 
-def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask) -> Tensor:
-    """torch's FlexAttention under ``block_mask``, compiled once for every length (inside a graph
-    that is being compiled, the outer compilation lowers it)."""
+def _one_row_more(rows: Rows) -> Rows:
+    """``rows`` and the position after the last one (which ends the main run)."""
+    if len(rows.main):
+        return Rows(rows.history, range(rows.main.start, rows.main.stop + 1))
+    return Rows(range(0), range(rows.history.start, rows.history.stop + 1))
+
+
+def flex_attention(q: Tensor, k: Tensor, v: Tensor, block_mask, kind: Kind) -> Tensor:
+    """torch's FlexAttention under ``block_mask``: compiled for ``kind`` once for every length
+    (inside a graph that is being compiled, the outer compilation lowers it)."""
     from torch.nn.attention.flex_attention import flex_attention as flex
 
+    head_dim = q.size(-1)
+    scale = 1.0 / math.sqrt(head_dim)
+    pad = MIN_CPU_HEAD_DIM - head_dim if q.device.type == "cpu" else 0
+    if pad > 0:  # zero columns: the same scores (the module docstring)
+        q, k, v = (F.pad(x, (0, pad)) for x in (q, k, v))
     if torch.compiler.is_compiling():
-        return flex(q, k, v, block_mask=block_mask)
-    tables = tuple(getattr(block_mask, name) for name in _TABLES)
-    # Only the lengths vary: the row dimension of q, k, v and the rows and columns of the
-    # tables. Everything else (heads, head size, the mask's own sizes) stays a constant.
-    for x in (q, k, v):
-        torch._dynamo.maybe_mark_dynamic(x, 2)
-    for table in tables:
-        torch._dynamo.maybe_mark_dynamic(table, list(range(2, table.dim())))
-    return _compiled_flex()(q, k, v, tables, block_mask.mask_mod)
+        out = flex(q, k, v, block_mask=block_mask, scale=scale)
+    else:
+        out = _compiled_call(q, k, v, block_mask, kind, scale)
+    return out[..., :head_dim] if pad > 0 else out
 
 
 _TABLES = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
            "q_num_blocks", "q_indices", "full_q_num_blocks", "full_q_indices")
 
 
-def _flex_of_tables(q: Tensor, k: Tensor, v: Tensor, tables: tuple[Tensor, ...], mask_mod
-                    ) -> Tensor:
+def _compiled_call(q: Tensor, k: Tensor, v: Tensor, block_mask, kind: Kind, scale: float
+                   ) -> Tensor:
+    tables = tuple(getattr(block_mask, name) for name in _TABLES)
+    # Only the batch and the lengths vary: the batch and row dimensions of q, k, v and the rows
+    # and columns of the tables. Everything else (heads, head size, the mask's own sizes) stays a
+    # constant.
+    for x in (q, k, v):
+        torch._dynamo.maybe_mark_dynamic(x, [0, 2])
+    for table in tables:
+        torch._dynamo.maybe_mark_dynamic(table, list(range(2, table.dim())))
+    backward = torch.is_grad_enabled() and any(x.requires_grad for x in (q, k, v))
+    with torch.set_grad_enabled(backward), torch.autocast(q.device.type, enabled=False):
+        try:
+            return _compiled(kind)(q, k, v, tables, block_mask.mask_mod, scale)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            limit = torch._dynamo.config.recompile_limit
+            raise RuntimeError(
+                f"FlexAttention for {kind.mask} needs more compiled graphs than "
+                f"torch._dynamo.config.recompile_limit={limit}: a kind compiles one graph per "
+                f"dtype, forward or backward and batch of one or several (this call: "
+                f"{q.dtype}, {'backward' if backward else 'forward only'}, batch {q.size(0)}); "
+                "use fewer dtypes per process, raise the limit, or another attn_impl") from None
+
+
+def _flex_of_tables(q: Tensor, k: Tensor, v: Tensor, tables: tuple[Tensor, ...], mask_mod,
+                    scale: float) -> Tensor:
     # The BlockMask is put together inside the graph, so that its lengths are q's and k's
     # (symbolic) sizes rather than Python ints that would be compiled in.
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    block_mask = BlockMask((q.size(-2), k.size(-2)), *tables, BLOCK_SIZE=(BLOCK, BLOCK),
+    block = block_masks.BLOCK
+    block_mask = BlockMask((q.size(-2), k.size(-2)), *tables, BLOCK_SIZE=(block, block),
                            mask_mod=mask_mod)
-    return flex_attention(q, k, v, block_mask=block_mask)
+    return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
 
 
-@lru_cache(maxsize=1)
-def _compiled_flex():
-    return torch.compile(_flex_of_tables)
+_numbers = itertools.count()
 
 
-@lru_cache(maxsize=1)
+@lru_cache(maxsize=64)
+def _compiled(kind: Kind):
+    """``_flex_of_tables`` compiled for one kind, from a code object of its own: dynamo keeps
+    graphs, and counts its recompile limit, per code object."""
+    code = _flex_of_tables.__code__
+    own = types.FunctionType(code.replace(co_name=f"{code.co_name}_{next(_numbers)}"),
+                             _flex_of_tables.__globals__)
+    return torch.compile(own, fullgraph=True)
+
+
+_supported_on_cpu: bool | None = None
+
+
+@torch.compiler.assume_constant_result  # called, not traced, inside a compiled region
 def compiles_on_cpu() -> bool:
     """Whether torch compiles FlexAttention for this CPU (its C++ template needs AVX2)."""
-    try:
-        from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
-    except ImportError:  # a torch that keeps it elsewhere: let the compiler decide
-        return True
-    return check_cpu_supported()
-
-
-def first_position(rows: Rows) -> int:
-    """The position of the first row; ValueError unless the rows are contiguous positions."""
-    if len(rows.history) and len(rows.main) and rows.history.stop != rows.main.start:
-        raise ValueError(f"FlexAttention needs contiguous positions, got {rows}")
-    return rows.history.start if len(rows.history) else rows.main.start
-
-
-def band_block_mask(mask: Mask, bands: Bands, q_start: int, kv_start: int, q_len: int,
-                    kv_len: int, device: torch.device):
-    """The block mask of a band pattern, from its rules."""
-    shift = kv_start // bands.period * bands.period  # the same pattern, nearer to position 0
-    return _band_block_mask(mask, bands, q_start - shift, kv_start - shift, q_len, kv_len,
-                            device)
-
-
-def predicate_block_mask(mask: Mask, n_heads: int, q_rows: Rows, kv_rows: Rows,
-                         device: torch.device):
-    """The block mask of any predicate, evaluated block row by block row."""
-    return _predicate_block_mask(mask, n_heads if mask.per_head else 1, q_rows, kv_rows, device)
-
-
-# Band block masks --------------------------------------------------------------------------------
-
-# A few layouts per model (one per distinct (rows, queries) in its layers); the bound keeps a
-# stream of new lengths from holding masks on the device without end.
-@lru_cache(maxsize=8)
-def _band_block_mask(mask: Mask, bands: Bands, q_start: int, kv_start: int, q_len: int,
-                     kv_len: int, device: torch.device):
-    from torch.nn.attention.flex_attention import BlockMask
-
-    rules = sorted(set(bands.head_rules))
-    # heads -> their rule's tables; with a single rule, one table broadcast over the heads
-    which = [rules.index(rule) for rule in bands.head_rules] if len(rules) > 1 else [0]
-    n_q, n_kv = _rows(q_len), _rows(kv_len)
-    width = max(_band_width(rule) for rule in rules)
-    kv_tables = [_kv_side(rule, q_start, kv_start, q_len, kv_len, device) for rule in rules]
-    q_tables = [_q_side(rule, q_start, kv_start, q_len, kv_len, device) for rule in rules]
-    kv_num, kv_idx, full_kv_num, full_kv_idx = _stack(kv_tables, which, width, n_kv)
-    q_num, q_idx, full_q_num, full_q_idx = _stack(q_tables, which, width, n_q)
-    return BlockMask(seq_lengths=(q_len, kv_len), kv_num_blocks=kv_num, kv_indices=kv_idx,
-                     full_kv_num_blocks=full_kv_num, full_kv_indices=full_kv_idx,
-                     q_num_blocks=q_num, q_indices=q_idx, full_q_num_blocks=full_q_num,
-                     full_q_indices=full_q_idx, BLOCK_SIZE=(BLOCK, BLOCK),
-                     mask_mod=_mask_mod(mask, Rows.span(q_start, q_start + q_len),
-                                        Rows.span(kv_start, kv_start + kv_len), device))
-
-
-def _rows(length: int) -> int:
-    """Block rows of a table for ``length`` rows: at least two (see the module docstring)."""
-    return max(2, (length + BLOCK - 1) // BLOCK)
-
-
-def _band_width(rule: BandRule) -> int:
-    """The most blocks one block of queries (or of keys) can touch under ``rule``: a query sees
-    at most period + back keys, so a block's range spans at most BLOCK + period + back - 1."""
-    period, _, back = rule
-    return (BLOCK + period + back - 2) // BLOCK + 2
-
-
-def _lo(rule: BandRule, t: Tensor) -> Tensor:
-    """lo(t): the first key position query position t sees."""
-    period, shift, back = rule
-    return _at_least((t + shift) // period * period - shift - back, 0)
-
-
-def _hi(rule: BandRule, c: Tensor) -> Tensor:
-    """The last query position that sees key position c: the largest t with lo(t) <= c."""
-    period, shift, back = rule
-    return ((c + shift + back) // period + 1) * period - shift - 1
-
-
-# torch.where rather than clamp: traced into a graph, inductor's index simplification fails on
-# clamped floor divisions of an arange (torch 2.13), and the builders must trace (a compiled
-# training step builds its block mask inside the graph).
-def _at_least(x: Tensor, bound: int) -> Tensor:
-    return torch.where(x > bound, x, bound)
-
-
-def _at_most(x: Tensor, bound: int) -> Tensor:
-    return torch.where(x < bound, x, bound)
-
-
-def _kv_side(rule: BandRule, q_start: int, kv_start: int, q_len: int, kv_len: int,
-             device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per query block: the range of key blocks it sees and the range of full ones."""
-    i = torch.arange(_rows(q_len), device=device)
-    first = q_start + i * BLOCK  # the block's first and last query positions
-    last = q_start + _at_most(i * BLOCK + BLOCK, q_len) - 1
-    lo = _at_least(_lo(rule, first) - kv_start, 0) // BLOCK
-    hi = _at_most(last - kv_start, kv_len - 1) // BLOCK
-    full_lo = (_at_least(_lo(rule, last) - kv_start, 0) + BLOCK - 1) // BLOCK  # rounded up
-    full_hi = _at_most((first - kv_start + 1) // BLOCK - 1, kv_len // BLOCK - 1)
-    whole = i * BLOCK + BLOCK <= q_len
-    exists = i * BLOCK < q_len
-    return lo, torch.where(exists, hi, lo - 1), full_lo, torch.where(whole, full_hi, full_lo - 1)
-
-
-def _q_side(rule: BandRule, q_start: int, kv_start: int, q_len: int, kv_len: int,
-            device: torch.device) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Per key block: the range of query blocks that see it and the range of full ones."""
-    j = torch.arange(_rows(kv_len), device=device)
-    first = kv_start + j * BLOCK  # the block's first and last key positions
-    last = kv_start + _at_most(j * BLOCK + BLOCK, kv_len) - 1
-    below = _at_least(first - q_start, 0)
-    above = _at_most(_hi(rule, last) - q_start, q_len - 1)
-    lo = below // BLOCK
-    hi = torch.where((above >= below) & (j * BLOCK < kv_len), _at_least(above, 0) // BLOCK,
-                     lo - 1)
-    full_lo = (_at_least(last - q_start, 0) + BLOCK - 1) // BLOCK
-    full_hi = _at_most((_hi(rule, first) - q_start + 1) // BLOCK - 1, q_len // BLOCK - 1)
-    whole = j * BLOCK + BLOCK <= kv_len
-    return lo, hi, full_lo, torch.where(whole, full_hi, full_lo - 1)
-
-
-def _lists(ranges: tuple[Tensor, Tensor, Tensor, Tensor], width: int, n_cols: int
-           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """From per-row ranges of visible blocks [lo, hi] and of full ones [full_lo, full_hi]
-    (empty when hi < lo; the full range lies within the visible one): the partial blocks, the
-    visible ones outside the full range, and the full ones, each as (count, (rows, width)
-    indices in increasing order). Entries past a count are clamped to valid block indices."""
-    lo, hi, full_lo, full_hi = ranges
-    n_full = _at_least(full_hi - full_lo + 1, 0)
-    n_visible = _at_least(hi - lo + 1, 0)
-    n_before = torch.where(n_full > 0, full_lo - lo, n_visible)  # partial blocks before the full
-    n_after = torch.where(n_full > 0, hi - full_hi, 0)
-    e = torch.arange(width, device=lo.device)
-    partial = torch.where(e < n_before[:, None], lo[:, None] + e,
-                          full_hi[:, None] + 1 + e - n_before[:, None])
-    full = full_lo[:, None] + e
-    return (n_before + n_after, _at_least(_at_most(partial, n_cols - 1), 0), n_full,
-            _at_most(full, n_cols - 1))
-
-
-def _stack(tables: list[tuple[Tensor, ...]], which: list[int], width: int, n_other: int
-           ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """(num, indices, full num, full indices) with a leading (1, heads) from each head's rule;
-    the indices as overlapping strided views (``_overlapped``) over ``n_other`` blocks."""
-    lists = [_lists(ranges, width, n_other) for ranges in tables]
-    out = []
-    for part in range(4):
-        per_head = torch.stack([lists[r][part] for r in which]).to(torch.int32)
-        out.append(per_head[None] if part % 2 == 0 else _overlapped(per_head, n_other))
-    return tuple(out)
-
-
-def _overlapped(rows: Tensor, n_other: int) -> Tensor:
-    """(H, R, w) rows of indices as a (1, H, R, C) view whose row i starts at entry i·w of its
-    head's buffer: entries 0 .. w - 1 of a row are its own, the rest belong to later rows (and
-    to a tail of valid entries after the last row). C = w·n_other >= n_other columns, and a
-    buffer of R·w + C + 1 entries: sizes between which no length makes a row stride equal to C,
-    nor a head stride equal to R·C, so that torch.compile's guards on those never flip."""
-    heads, n_rows, width = rows.shape
-    n_cols = width * n_other
-    per_head = n_rows * width + n_cols + 1
-    buffer = rows.new_zeros(heads, per_head)
-    buffer[:, :n_rows * width] = rows.reshape(heads, -1)
-    return buffer.as_strided((1, heads, n_rows, n_cols), (heads * per_head, per_head, width, 1))
-
-
-# Predicate block masks ---------------------------------------------------------------------------
-
-@lru_cache(maxsize=8)
-def _predicate_block_mask(mask: Mask, n_heads: int, q_rows: Rows, kv_rows: Rows,
-                          device: torch.device):
-    from torch.nn.attention.flex_attention import BlockMask
-
-    partial, full = block_states(mask, n_heads, q_rows, kv_rows, device)
-    kv_num, kv_idx = _ordered(partial)
-    full_kv_num, full_kv_idx = _ordered(full)
-    q_num, q_idx = _ordered(partial.transpose(-2, -1))
-    full_q_num, full_q_idx = _ordered(full.transpose(-2, -1))
-    return BlockMask(seq_lengths=(len(q_rows), len(kv_rows)), kv_num_blocks=kv_num,
-                     kv_indices=kv_idx, full_kv_num_blocks=full_kv_num,
-                     full_kv_indices=full_kv_idx, q_num_blocks=q_num, q_indices=q_idx,
-                     full_q_num_blocks=full_q_num, full_q_indices=full_q_idx,
-                     BLOCK_SIZE=(BLOCK, BLOCK), mask_mod=_mask_mod(mask, q_rows, kv_rows, device))
-
-
-def block_states(mask: Mask, n_heads: int, q_rows: Rows, kv_rows: Rows,
-                 device: torch.device | None = None) -> tuple[Tensor, Tensor]:
-    """(partial, full): boolean (H, query blocks, key blocks) grids of ``mask`` (H = 1 unless it
-    differs between heads), evaluated a few block rows of queries at a time; at least two rows
-    and columns of blocks, the ones past the ends empty."""
-    q_len, kv_len = len(q_rows), len(kv_rows)
-    n_q, n_kv = _rows(q_len), _rows(kv_len)
-    heads = n_heads if mask.per_head else None
-    q_all, kv_pos = q_rows.positions(device), kv_rows.positions(device)
-    step = max(1, (1 << 22) // (BLOCK * n_kv * BLOCK * (heads or 1)))  # block rows at a time
-    # The grids exist before the chunks: small tensors kept between the chunks' large
-    # temporaries would pin the allocator's heap, which then grows by a chunk per step.
-    partial = torch.zeros(heads or 1, n_q, n_kv, dtype=torch.bool, device=device)
-    full = torch.zeros_like(partial)
-    for i in range(0, n_q, step):
-        rows = min(step, n_q - i) * BLOCK
-        q_pos = q_all[i * BLOCK:i * BLOCK + rows]
-        allowed = materialize(mask, q_pos, kv_pos, heads).view(heads or 1, len(q_pos), kv_len)
-        allowed = torch.nn.functional.pad(allowed, (0, n_kv * BLOCK - kv_len,
-                                                    0, rows - len(q_pos)))
-        # any / all rather than a count: no int64 copy of the chunk
-        tiles = allowed.view(-1, rows // BLOCK, BLOCK, n_kv, BLOCK)
-        every = tiles.all(4).all(2)
-        full[:, i:i + rows // BLOCK] = every
-        partial[:, i:i + rows // BLOCK] = tiles.any(4).any(2) & ~every
-    return partial, full
-
-
-def _ordered(grid: Tensor) -> tuple[Tensor, Tensor]:
-    """A boolean (H, R, C) grid as (1, H, R) counts and (1, H, R, C) indices, the True columns
-    first, in increasing order."""
-    counts = grid.sum(-1, dtype=torch.int32)
-    order = torch.argsort(grid.to(torch.int8), dim=-1, descending=True, stable=True)
-    return counts[None], order.to(torch.int32)[None]
-
-
-def _mask_mod(mask: Mask, q_rows: Rows, kv_rows: Rows, device: torch.device):
-    """The predicate on the positions of the row indices (see the module docstring)."""
-    q_pos, kv_pos = _position_of(q_rows, device), _position_of(kv_rows, device)
-    if mask.per_head:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return mask(q_pos(q_idx), kv_pos(kv_idx), h)
-    else:
-        def mask_mod(b, h, q_idx, kv_idx):
-            return mask(q_pos(q_idx), kv_pos(kv_idx))
-    return mask_mod
-
-
-def _position_of(rows: Rows, device: torch.device):
-    """index -> position for ``rows``: index + start, plus the gap between the history and the
-    main run for the indices past the history."""
-    def scalar(value: int) -> Tensor:  # filled on the device: no copy from the host
-        return torch.full((), value, dtype=torch.int64, device=device)
-
-    start = scalar(rows.history.start if len(rows.history) else rows.main.start)
-    if not (len(rows.history) and len(rows.main)) or rows.history.stop == rows.main.start:
-        return lambda idx: idx + start
-    split, gap = scalar(len(rows.history)), scalar(rows.main.start - rows.history.stop)
-    return lambda idx: idx + start + (idx >= split) * gap
+    global _supported_on_cpu
+    if _supported_on_cpu is None:
+        try:
+            from torch._inductor.kernel.flex.flex_cpu import check_cpu_supported
+        except ImportError:  # a torch that keeps it elsewhere: let the compiler decide
+            _supported_on_cpu = True
+        else:
+            _supported_on_cpu = bool(check_cpu_supported())
+    return _supported_on_cpu

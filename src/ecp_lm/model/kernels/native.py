@@ -257,10 +257,13 @@ def supports(q: Tensor, dropout_p: float = 0.0) -> bool:
             and load())
 
 
-def dropout_traces(dropout_p: float) -> bool:
+def dropout_traces(dropout_p: float, compiling: bool | None = None) -> bool:
     """Whether a call with this dropout can run natively here: always eagerly; under
-    torch.compile only without dropout (its seed is drawn eagerly, see ``band_attention``)."""
-    return dropout_p == 0.0 or not torch.compiler.is_compiling()
+    torch.compile (``compiling``, None: now) only without dropout (its seed is drawn eagerly,
+    see ``band_attention``)."""
+    if compiling is None:
+        compiling = torch.compiler.is_compiling()
+    return dropout_p == 0.0 or not compiling
 
 
 def _seed() -> int:
