@@ -1,20 +1,51 @@
 """Chunked decoding into filled ring caches: after a prefill, the rest of a sequence fed to
 ``hidden_states`` in chunks of any length gives the logits of one plain forward over the whole
-sequence (the rings wrap, and a chunk may be longer than the ring)."""
+sequence (the rings wrap, and a chunk may be longer than the ring), for every architecture that
+decodes from caches and for hybrids of them. The chunks run on the architectures' kernels with
+the keys they need read from the ring, not densely over the whole ring (``cached_attention``),
+so a chunk creates no (C, capacity + C) tensor; the dense path stays where rows differ."""
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
+from ecp_lm.model import model as skeleton
 from ecp_lm.model.cache import KVCache
 from helpers import UNBOUNDED, random_tokens, sharp_model
 
 # N = 16, S = 4: ECP m = 4 (a ring of 2m = 8), sliding_window w = 7, block_local b = 8, s2
-# groups of 4: every ring wraps many times over a sequence of 12m.
+# groups of 4: every ring wraps many times over a sequence of 12m = 3N.
 SMALL = dict(seq_len=16, num_segments=4)
 M = 4
 LENGTH = 12 * M
 FILLS = (1, M - 1, M, M + 1, 2 * M + 1, 3 * M)
 MIXED = (3, 1, 2 * M + 1, 2, M, 5, M - 1, 2 * M)
+# Models with a transformer layer read at most N tokens: N = 3·16 holds the whole sequence, and
+# their local layers keep m = 4.
+BOUNDED = dict(seq_len=LENGTH, num_segments=LENGTH // M)
+RING_CACHED = {
+    **{arch: (arch, SMALL) for arch in UNBOUNDED},
+    "transformer": ("transformer", BOUNDED),
+    "hybrid(ecp,transformer)": ("hybrid", dict(layer_pattern="ecp,transformer", **BOUNDED)),
+    "hybrid(sliding_window,block_local,s2,ecp)": (
+        "hybrid", dict(layer_pattern="sliding_window,block_local,s2,ecp", n_layers=4, **SMALL)),
+}
+"""Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
+LOCAL = [name for name, (_, overrides) in RING_CACHED.items() if overrides is SMALL]
+
+
+def ring_model(name: str, **overrides):
+    arch, sizes = RING_CACHED[name]
+    return sharp_model(arch, **sizes, **overrides)
+
+
+def no_dense_chunks(monkeypatch) -> None:
+    """Makes the dense path over the whole ring (``cached_attention``) fail if a chunk takes it."""
+    def dense(*args, **kwargs):
+        raise AssertionError("a chunk attended over the whole ring (cached_attention)")
+
+    monkeypatch.setattr(skeleton, "cached_attention", dense)
 
 
 def chunked_logits(model, tokens, fill: int, chunk_lens) -> torch.Tensor:
@@ -43,14 +74,27 @@ def assert_chunks_exact(model, tokens, fill: int, chunk_lens, label) -> None:
 
 
 @pytest.mark.parametrize("fill", FILLS)
-@pytest.mark.parametrize("arch", UNBOUNDED)
-def test_every_chunk_length_equals_one_forward(arch, fill):
-    model = sharp_model(arch, **SMALL)
+@pytest.mark.parametrize("name", RING_CACHED)
+def test_every_chunk_length_equals_one_forward(name, fill, monkeypatch):
+    """Chunks of 1 … 3N, and of mixed lengths, after prefills of several lengths: exact on the
+    architectures' kernels, never densely over the whole ring."""
+    no_dense_chunks(monkeypatch)
+    model = ring_model(name)
     tokens = random_tokens(2, LENGTH, seed=fill)
-    for chunk_len in range(1, 2 * M + 2):
+    for chunk_len in range(1, LENGTH + 1):
         assert_chunks_exact(model, tokens, fill, cycle(chunk_len),
-                            f"{arch} fill={fill} chunk_len={chunk_len}")
-    assert_chunks_exact(model, tokens, fill, cycle(*MIXED), f"{arch} fill={fill} mixed")
+                            f"{name} fill={fill} chunk_len={chunk_len}")
+    assert_chunks_exact(model, tokens, fill, cycle(*MIXED), f"{name} fill={fill} mixed")
+
+
+@pytest.mark.parametrize("name", RING_CACHED)
+def test_the_dense_path_is_exact_too(name):
+    """``dense_cached_chunks``, the comparison the stream benchmark runs, is the same function."""
+    model = ring_model(name)
+    tokens = random_tokens(2, LENGTH, seed=7)
+    with skeleton.dense_cached_chunks():
+        for chunk_len in (1, M + 1, 3 * M):
+            assert_chunks_exact(model, tokens, M + 1, cycle(chunk_len), f"{name} {chunk_len}")
 
 
 @pytest.mark.parametrize("arch", ["ecp", "s2"])
@@ -98,3 +142,115 @@ def test_rows_at_different_positions_refuse_a_chunk():
         stacked = [KVCache.stack(pair) for pair in zip(*rows, strict=True)]
         with pytest.raises(ValueError, match=r"continue at position \[3, 5\]"):
             model.hidden_states(random_tokens(2, 2), stacked, 3)
+
+
+def test_rows_of_different_origins_take_the_dense_path_exactly(monkeypatch):
+    """Stacked rows that continue at one position but whose streams start at different ones
+    (row 0 at 0, row 1 at m): where the chunk's first query reaches before m, the rows would
+    need different keys, so the chunk attends densely over the ring (exact); once it reaches
+    no further back than m, the rows agree and it runs on the kernel."""
+    model = sharp_model("ecp", **SMALL)
+    tokens = random_tokens(2, LENGTH, seed=4)
+    dense = []
+    real = skeleton.cached_attention
+    monkeypatch.setattr(skeleton, "cached_attention",
+                        lambda *a, **k: dense.append(a[0].size(2)) or real(*a, **k))
+    first = M + 2  # position 6: its query sees the segment from 0 on
+    with torch.no_grad():
+        rows = [model.make_caches(1), model.make_caches(1)]
+        model.prefill(tokens[:1, :first], rows[0])
+        model.prefill(tokens[1:, M:first], rows[1], start_pos=M)
+        caches = [KVCache.stack(pair) for pair in zip(*rows, strict=True)]
+        assert caches[0].origin == [0, M]
+        chunked, start = [], first
+        for chunk_len in (3, 1, 2 * M + 1, 5, LENGTH):
+            stop = min(LENGTH, start + chunk_len)
+            chunked.append(model.head(model.hidden_states(tokens[:, start:stop], caches, start)))
+            start = stop
+        chunked = torch.cat(chunked, dim=1)
+        full = [model(tokens[:1])[:, first:], model(tokens[1:, M:], start_pos=M)[:, first - M:]]
+    torch.testing.assert_close(chunked, torch.cat(full), atol=1e-5, rtol=0)
+    # The first chunk (positions 6 .. 8) reaches back to 0: densely, in each of the 2 layers;
+    # from the second on (position 9, which reaches back to 4) on the kernel.
+    assert dense == [3, 3]
+
+
+class LargestCreated(TorchDispatchMode):
+    """The most elements of any tensor an operation creates inside it (views excluded)."""
+
+    def __init__(self):
+        super().__init__()
+        self.numel = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
+                  if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
+                self.numel = max(self.numel, t.numel())
+        return out
+
+
+def largest_created(model, tokens, caches, start_pos: int) -> int:
+    with torch.no_grad(), LargestCreated() as mode:
+        model.hidden_states(tokens, caches, start_pos)
+    return mode.numel
+
+
+@pytest.mark.parametrize("name", LOCAL)
+def test_a_long_chunk_into_filled_caches_allocates_what_a_fresh_forward_does(name):
+    """A chunk of C = 64N into rings filled past their capacity creates no tensor larger than
+    a forward over the same C tokens without caches does (its (C, 4d) feed-forward): nothing of
+    C × (capacity + C). Densely over the ring it would (C² masks and more)."""
+    model = ring_model(name)
+    n = SMALL["seq_len"]
+    chunk_len, fill = 64 * n, 3 * n  # the fill a multiple of every period
+    tokens = random_tokens(1, fill + chunk_len, seed=1)
+    chunk = tokens[:, fill:]
+    fresh = largest_created(model, chunk, None, fill)
+    assert fresh == chunk_len * 4 * model.cfg.d_model
+
+    def filled() -> list[KVCache]:
+        caches = model.make_caches(1)
+        with torch.no_grad():
+            model.prefill(tokens[:, :fill], caches)
+        return caches
+
+    assert largest_created(model, chunk, filled(), fill) == fresh
+    with skeleton.dense_cached_chunks():  # the property could fail
+        assert largest_created(model, chunk, filled(), fill) >= chunk_len ** 2
+
+
+def test_prepend_reads_the_ring_in_position_order():
+    """``KVCache.prepend``: the positions start .. stop - 1 from their slots (the ring wrapped),
+    zeros for those older than the ring, then the new keys; None where a slot does not hold the
+    position it should."""
+    cache = KVCache(2, 1, 4, 1)
+    cache.start_at(0)
+    values = torch.arange(1.0, 11.0).view(1, 1, 10, 1).expand(2, 1, 10, 1)  # position p: p + 1
+    cache.update(torch.arange(10), values, -values)  # slots hold positions 8, 9, 6, 7
+    new = torch.full((2, 1, 2, 1), 100.0)
+    k, v = cache.prepend(4, 10, new, -new)
+    assert k[0, 0, :, 0].tolist() == [0, 0, 7, 8, 9, 10, 100, 100]
+    torch.testing.assert_close(v, -k)
+    assert cache.prepend(10, 10, new, new)[0].shape == (2, 1, 2, 1)
+    assert cache.prepend(4, 11, new, new) is None  # position 10 is not written
+    cache.pos[1, 2] = 2  # row 1's slot of position 6 holds another
+    assert cache.prepend(6, 10, new, new) is None
+    assert cache.prepend(7, 10, new, new) is not None
+
+
+@pytest.mark.parametrize("name", RING_CACHED)
+def test_chunks_exact_on_every_kernel(name, monkeypatch):
+    """A chunk's queries take the last rows of their keys on every kernel an architecture has,
+    padded in front with zero queries where the kernel needs a query at every row."""
+    no_dense_chunks(monkeypatch)
+    arch, _ = RING_CACHED[name]
+    kernels = ["reference"] + ([] if arch == "hybrid" else list(ring_model(name).arch.kernels))
+    tokens = random_tokens(2, LENGTH, seed=8)
+    for kernel in kernels:
+        model = ring_model(name, attn_impl=kernel)
+        for chunk_len in (1, M + 1, 3 * M + 2):
+            assert_chunks_exact(model, tokens, M + 1, cycle(chunk_len),
+                                f"{name} {kernel} {chunk_len}")

@@ -6,9 +6,11 @@ A cache is a ring of ``capacity`` preallocated slots per batch row: position p l
 on those positions, and nothing else: exact by construction, and of fixed shape, so that one
 compiled graph serves every step (no slice grows, no Python branch reads the cache's state).
 Rows may stand at different positions (batched prompts of different lengths, ``stack``).
-Several new positions at once (a chunk, ``LanguageModel.hidden_states``) attend over the ring as
-it stood before them plus their own keys and values, and are written after: exact for a chunk
-of any length, in O(capacity + chunk) memory.
+Several new positions at once (a chunk, ``LanguageModel.hidden_states``) attend, before they
+are written, over the keys and values of the ring as it stood before them plus their own: those
+positions the architecture's kernel needs from the ring, in order (``prepend``), so that a chunk
+of C costs what a forward over it does, O(C·span) time and O(capacity + C) memory, however full
+the ring (``Attention._attend_cached``; the whole ring by the mask where rows differ).
 
 The buffers take the dtype the model computes in (``LanguageModel.make_caches``): the
 parameters' dtype, or the autocast dtype when generation runs under ``torch.autocast``.
@@ -88,6 +90,33 @@ class KVCache(nn.Module):
         self.v[:, :, slots] = v.to(self.v.dtype)
         self.pos[:, slots] = input_pos
         return self.k, self.v, self.pos
+
+    def prepend(self, start: int, stop: int, k: Tensor, v: Tensor
+                ) -> tuple[Tensor, Tensor] | None:
+        """Keys and values (B, H, R, D) of R positions from ``stop`` on, with those of positions
+        ``start`` .. ``stop`` - 1 in front, read from the ring in position order: (B, H,
+        stop - start + R, D) in the cache's dtype. The ring holds the last ``capacity`` before
+        ``stop``; any older ones (which no query from ``stop`` on sees) are zeros. None where a
+        row's slots do not hold exactly those positions (not written, or stacked rows that
+        differ). Reads ``pos`` back to check: one host sync, for eager chunks only."""
+        if not 0 <= start <= stop:
+            return None
+        first = max(start, stop - self.capacity)
+        a = first % self.capacity
+        b = a + stop - first
+        # The positions first .. stop - 1 occupy consecutive slots, wrapping at most once.
+        parts = [slice(a, min(b, self.capacity)), slice(0, max(0, b - self.capacity))]
+        held = torch.cat([self.pos[:, part] for part in parts], dim=1)  # (B, stop - first)
+        expected = torch.arange(first, stop, device=held.device)
+        if not torch.equal(held, expected.expand_as(held)):
+            return None
+        older = k.new_zeros(*k.shape[:2], first - start, k.size(3), dtype=self.k.dtype)
+
+        def joined(ring: Tensor, new: Tensor) -> Tensor:
+            return torch.cat([older, *(ring[:, :, part] for part in parts),
+                              new.to(ring.dtype)], dim=2)
+
+        return joined(self.k, k), joined(self.v, v)
 
     def write(self, pos: Tensor, k: Tensor, v: Tensor) -> None:
         """One new position per row: ``pos`` (B,) int64, keys/values (B, H, 1, D). Tensor

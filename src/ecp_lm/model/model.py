@@ -9,7 +9,9 @@ T tokens, R rows a layer holds, Rq rows that query, H heads, D head size, d = H�
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -80,20 +82,17 @@ class Attention(nn.Module):
                 rotation = self.rope.rotation(kv_pos, q.dtype, x.device)
             q, k = rotate(q, rotation_tail(rotation, n_query)), rotate(k, rotation)
         if cache is not None and cache.filled:
-            return self._merge(self._attend_cached(q, k, v, kv_pos[len(rows) - n_query:],
-                                                   kv_pos, cache))
+            return self._merge(self._attend_cached(q, k, v, rows, cache))
         if cache is not None:
             cache.update(kv_pos, k, v)
-        halo = 0
-        if context is not None:  # the keys gain the previous shard's last rows: zero queries
+        if context is not None:  # the keys gain the previous shard's last rows, not queries
             k, v, rows = context.extend(k, v, rows, self.arch.halo_len)  # (B, H, halo + R, D)
-            halo = k.size(2) - q.size(2)
-            q = nn.functional.pad(q, (0, 0, halo, 0))  # (B, H, halo + R, D); outputs dropped
-        out = self._attend(q, k, v, rows)  # (B, H, halo + Rq, D)
-        return self._merge(out[:, :, halo:])
+        return self._merge(self._attend(q, k, v, rows))  # (B, H, Rq, D) -> (B, Rq, d)
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows) -> Tensor:
-        """q (B, H, Rq, D): the last Rq of the key rows ``rows`` of k, v (B, H, R, D)."""
+        """q (B, H, Rq, D): the last Rq of the key rows ``rows`` of k, v (B, H, R, D). Where
+        the architecture's own kernel takes a query at every row (``queries_at_every_row``), the
+        rows before the queries get zero queries, whose outputs are dropped."""
         dropout_p = self.dropout if self.training else 0.0
         needs_backward = torch.is_grad_enabled() and q.requires_grad
         kernel = choose_kernel(self.arch, self.impl, q, dropout_p, needs_backward)
@@ -104,20 +103,52 @@ class Attention(nn.Module):
         if kernel == "flex":
             return flex_attention_from_mask(q, k, v, self.arch.mask, rows,
                                             self.arch.flex_bands(self.n_heads))
-        return self.arch.attend(q, k, v, rows, dropout_p, kernel)
+        pad = k.size(2) - q.size(2) if self.arch.queries_at_every_row else 0
+        if pad:
+            q = nn.functional.pad(q, (0, 0, pad, 0))  # (B, H, R, D)
+        return self.arch.attend(q, k, v, rows, dropout_p, kernel)[:, :, pad:]
 
-    def _attend_cached(self, q: Tensor, k: Tensor, v: Tensor, q_pos: Tensor, kv_pos: Tensor,
-                       cache: KVCache) -> Tensor:
-        """New rows at ``kv_pos`` (R,) continuing a filled cache: their queries see the ring as
-        it stands before them plus their own keys, (B, H, capacity + R, D), by the mask on
-        absolute positions; then they are written. Writing first would be wrong for R > 1: a
-        later row's slot may hold a position an earlier row still sees."""
+    def _attend_cached(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, cache: KVCache
+                       ) -> Tensor:
+        """New rows ``rows`` (R, from the position the cache continues at; q: the last Rq of
+        them) continuing a filled cache, written into it after they attend: writing first would
+        be wrong for R > 1, a later row's slot may hold a position an earlier row still sees.
+
+        The keys their queries see before them, from ``arch.cached_keys_from`` on, are read from
+        the ring and prepended to their own, as the context-parallel halo is, and the
+        architecture's kernel runs them (``_attend``): O(R·span) time and O(capacity + R) memory,
+        what a forward over R rows costs. Where the ring does not hold those keys so (stacked
+        rows of different origins) or the architecture has no such form, the queries attend
+        over the whole ring plus their own keys by the mask on absolute positions
+        (``cached_attention``): exact too, in O(R·(capacity + R))."""
+        out = None if _dense_chunks else self._attend_chunk(q, k, v, rows, cache)
+        if out is None:
+            out = self._attend_ring(q, k, v, rows, cache)
+        cache.update(rows.positions(k.device), k, v)
+        return out
+
+    def _attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, cache: KVCache
+                      ) -> Tensor | None:
+        """``_attend_cached`` on the architecture's kernel; None where it cannot run so."""
+        pos = rows.main.start
+        starts = {self.arch.cached_keys_from(pos, origin) for origin in cache.origin}
+        start = starts.pop() if len(starts) == 1 else None
+        held = None if start is None else cache.prepend(start, pos, k, v)
+        if held is None:
+            return None
+        keys, values = (x.to(q.dtype) for x in held)  # (B, H, pos - start + R, D)
+        return self._attend(q, keys, values, Rows.span(start, rows.main.stop))
+
+    def _attend_ring(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, cache: KVCache
+                     ) -> Tensor:
+        """``_attend_cached`` over every slot of the ring plus the rows' own keys, by the mask
+        on the positions each slot holds: (B, H, Rq, capacity + R) scores."""
+        kv_pos = rows.positions(k.device)  # (R,)
         keys = torch.cat([cache.k, k.to(cache.k.dtype)], dim=2)  # (B, H, S + R, D)
         values = torch.cat([cache.v, v.to(cache.v.dtype)], dim=2)
         slot_pos = torch.cat([cache.pos, kv_pos.expand(k.size(0), -1)], dim=1)  # (B, S + R)
-        out = cached_attention(q, keys, values, self.arch.mask, q_pos, slot_pos)
-        cache.update(kv_pos, k, v)
-        return out
+        return cached_attention(q, keys, values, self.arch.mask, kv_pos[len(rows) - q.size(2):],
+                                slot_pos)
 
     def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
                rotation: Rotation | None = None) -> Tensor:
@@ -135,6 +166,22 @@ class Attention(nn.Module):
             keys, values, slot_pos = keys[:, :, :span], values[:, :, :span], slot_pos[:, :span]
         out = cached_attention(q, keys, values, self.arch.mask, pos[:, None], slot_pos)
         return self._merge(out, decode_linear)  # (B, 1, d)
+
+
+_dense_chunks = False
+
+
+@contextlib.contextmanager
+def dense_cached_chunks() -> Iterator[None]:
+    """Within the block, chunks into filled caches attend over the whole ring plus their own
+    keys by the mask (``cached_attention``), as every chunk did before they ran on the
+    architectures' kernels: what ``benchmarks/stream_chunks.py`` compares against."""
+    global _dense_chunks
+    before, _dense_chunks = _dense_chunks, True
+    try:
+        yield
+    finally:
+        _dense_chunks = before
 
 
 class Dropout(nn.Dropout):

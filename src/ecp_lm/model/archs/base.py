@@ -102,6 +102,11 @@ class Architecture:
     global_attention: ClassVar[bool] = False
     """Whether each query sees every earlier position of its window: a hybrid's global layer
     (``global_rope``, ``rope_base_global``)."""
+    queries_at_every_row: ClassVar[bool] = False
+    """Whether ``attend`` needs a query at every key row (Rq = R: band patterns, whose kernels
+    start at a period); ``Attention._attend`` then gives the key rows before the queries (a
+    context-parallel halo, the keys a cached chunk reads from the ring) zero queries and drops
+    their outputs. Otherwise ``attend`` takes the queries of the last Rq <= R rows."""
     renamed: ClassVar[dict[str, str]] = {}
     """Earlier names of this pattern's size fields, {old: new}: a config saved by an earlier
     release is read with the old name (``config.saved_fields``); a new config that sets the old
@@ -158,6 +163,14 @@ class Architecture:
     def cache_capacity(self) -> int | None:
         """Slots of a per-layer KV cache that makes decoding exact (None: no cache; decoding
         recomputes the window)."""
+        return None
+
+    def cached_keys_from(self, pos: int, origin: int) -> int | None:
+        """A chunk continuing a filled cache at position ``pos``, in a stream whose first
+        position is ``origin``: the first position whose keys ``attend`` must be given with the
+        chunk's own for its queries to see exactly what the mask lets them (the cache's keys
+        from there to ``pos`` - 1 prepended; ``Attention._attend_cached``). None: no such form,
+        the chunk attends over the whole ring by the predicate."""
         return None
 
     def check_length(self, t: int) -> None:
@@ -223,9 +236,9 @@ class Architecture:
         raise NotImplementedError
 
     # Kernels --------------------------------------------------------------------------------------
-    def auto_kernels(self, dropout_p: float) -> tuple[str, ...]:
+    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
         """The order in which ``attn_impl="auto"`` tries this architecture's kernels for a call
-        with dropout ``dropout_p``: ``kernels``."""
+        with dropout ``dropout_p`` on a device of ``device_type``: ``kernels``."""
         return self.kernels
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
@@ -284,6 +297,7 @@ class BandArchitecture(Architecture):
     """
 
     flex_on_cuda = True
+    queries_at_every_row = True
     period_name: ClassVar[str] = "period"
     """The config's name for ``period``, in messages."""
 
@@ -315,6 +329,14 @@ class BandArchitecture(Architecture):
     def reach(self, t: int) -> int:
         """The first position any head of query position ``t`` sees, in one layer."""
         return min(band_start(rule, t) for _, rule in self.band_rules())
+
+    def cached_keys_from(self, pos: int, origin: int) -> int:
+        # lo(t) only grows with t, so the chunk's first query reaches back furthest; rounded
+        # down to the period so that the keys start where the pattern starts, but not before
+        # the stream's first position (a multiple of the period), where the kernel's band is cut
+        # as the mask cuts it. A query at t sees no key before t - capacity + 1: all in the ring.
+        start = self.reach(pos)
+        return max(origin, start - start % self.period)
 
     @property
     def halo_len(self) -> int:

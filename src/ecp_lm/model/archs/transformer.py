@@ -33,11 +33,15 @@ class Transformer(Architecture):
     def cache_capacity(self) -> int:
         return self.cfg.seq_len
 
+    def cached_keys_from(self, pos: int, origin: int) -> int:
+        # Every earlier position of the window: the chunk's queries are the last of its keys.
+        return origin
+
     def layer_cost(self, layer: int) -> tuple[int, int]:
         n = self.cfg.seq_len
         return triangle(n), n * n
 
-    def auto_kernels(self, dropout_p: float) -> tuple[str, ...]:
+    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
         # With dropout, CPU SDPA leaves its fused kernels for its math path and draws a bernoulli
         # mask over every score; the band kernel over the whole causal band is faster there.
         return ("native", "flash") if dropout_p > 0.0 else self.kernels

@@ -7,8 +7,9 @@ one that runs a call.
   its block mask from the band rules where there are some (flex.py; the forward anywhere torch
   compiles it, the backward only on CUDA; no dropout).
 - ``native``: the C++ band-attention kernel (native.py; CPU, float32/float64; dropout eagerly).
-- ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal or unmasked calls,
-  batched over blocks, or merged by log-sum-exp); sdpa.py, segment_lse.py.
+- ``flash``: PyTorch's fused SDPA kernels without an explicit mask (causal calls, aligned
+  upper-left or lower-right, or unmasked ones, batched over blocks, or merged by log-sum-exp);
+  sdpa.py, segment_lse.py.
 - ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
   sdpa.py.
 - ``auto``: the fastest of the architecture's kernels that can run the call.
@@ -41,7 +42,7 @@ def choose_kernel(arch: Architecture, impl: str, q: Tensor, dropout_p: float,
     if impl == "auto":
         if q.is_cuda and arch.flex_on_cuda and dropout_p == 0.0:
             return "flex"
-        for kernel in arch.auto_kernels(dropout_p):
+        for kernel in arch.auto_kernels(dropout_p, q.device.type):
             if kernel_problem(arch, kernel, q, dropout_p, needs_backward, compiling) is None:
                 return kernel
         return "reference"

@@ -8,9 +8,11 @@ Rk key rows (rows are in position order), and return (B, H, Rq, D).
   ``is_causal`` is upper-left aligned, so it is only used when Rq == Rk.
 - ``segment_pair_attention``: ECP. Each segment's m queries attend to [previous segment, own
   segment], batched over segments: O(T·2m), never T×T. Three exact kernels: ``native`` (CPU, with
-  dropout; the band kernel of native.py, ~1.5·m² entries per segment), ``flash`` (CPU, no dropout:
-  two flash calls merged by log-sum-exp, segment_lse.py) and ``mask`` (any device: one SDPA call
-  with a static (m, 2m) mask, batched over segments).
+  dropout; the band kernel of native.py, ~1.5·m² entries per segment), ``flash`` (on the CPU, no
+  dropout: two flash calls merged by log-sum-exp, segment_lse.py; elsewhere one lower-right
+  causal call per pair, ``segment_pairs_lower_right``, which CUDA runs with its FlashAttention
+  kernel) and ``mask`` (any device: one SDPA call with a static (m, 2m) mask, batched over
+  segments).
 - ``paired_blocks_attention``: the ``mask`` kernel of any pattern where a block of c queries sees
   at most its previous block and itself (ECP with c = m, a sliding window with c = w).
 - ``block_causal_attention``: causal attention within consecutive blocks, batched over blocks
@@ -89,7 +91,32 @@ def segment_pair_attention(q: Tensor, k: Tensor, v: Tensor, segment_len: int,
         return paired_blocks_attention(q, k, v, m, segment_pair_mask(m, q.device), dropout_p)
     b, n_heads, t, d = q.shape
     q, k, v = (_pad_rows(x, -t % m).reshape(b, n_heads, -1, m, d) for x in (q, k, v))
-    return segment_pairs_lse(q, k, v).reshape(b, n_heads, -1, d)[:, :, :t]
+    if q.device.type == "cpu":
+        out = segment_pairs_lse(q, k, v)
+    else:
+        out = segment_pairs_lower_right(q, k, v, dropout_p)
+    return out.reshape(b, n_heads, -1, d)[:, :, :t]
+
+
+def segment_pairs_lower_right(q: Tensor, k: Tensor, v: Tensor, dropout_p: float = 0.0
+                              ) -> Tensor:
+    """q, k, v (B, H, S, m, D): ECP's pairs as causal attention aligned lower-right. Query i of
+    segment s against the 2m keys of segments s - 1 and s sees keys 0 .. m + i, which is ECP's
+    (m, 2m) mask exactly, so the segments after the first are one SDPA call over
+    (B, H·(S-1), m, D) x (B, H·(S-1), 2m, D) with ``causal_lower_right`` (segment 0, causal on
+    its own, a second): no mask tensor, which lets CUDA pick its FlashAttention kernel. (A
+    sliding window's pair mask also has a lower edge, which no causal alignment expresses.)"""
+    b, n_heads, s, m, d = q.shape
+    first = F.scaled_dot_product_attention(q[:, :, 0], k[:, :, 0], v[:, :, 0],
+                                           dropout_p=dropout_p, is_causal=True)
+    if s == 1:
+        return first.unsqueeze(2)
+    pair_k = torch.cat([k[:, :, :-1], k[:, :, 1:]], dim=-2)  # (B, H, S-1, 2m, D)
+    pair_v = torch.cat([v[:, :, :-1], v[:, :, 1:]], dim=-2)
+    rest = causal_attention(q[:, :, 1:].reshape(b, n_heads * (s - 1), m, d),
+                            pair_k.reshape(b, n_heads * (s - 1), 2 * m, d),
+                            pair_v.reshape(b, n_heads * (s - 1), 2 * m, d), dropout_p)
+    return torch.cat([first.unsqueeze(2), rest.reshape(b, n_heads, s - 1, m, d)], dim=2)
 
 
 def _pad_rows(x: Tensor, pad: int) -> Tensor:
