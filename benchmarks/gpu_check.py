@@ -13,6 +13,11 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   allocator's), the step's matrix-product FLOPs from the model's own count
   (``ecp_lm.bench.training.step_flops``) and with them MFU (÷ the nominal peak) and the ratio to the
   matrix products measured here. All cases share the process, so FlexAttention compiles once;
+- ``kernels``: one attention call, forward and backward in bf16 (6 heads of 128, batch 1), of
+  each local pattern at T = 2k, 8k, 32k with FlexAttention and with each of its own kernels that
+  run on the device (ECP's ``flash``: one lower-right causal SDPA call per segment pair), and the
+  fastest per (arch, T): the choice ``attn_impl=auto`` should make there (``fastest``; ``auto``
+  itself, ``auto_picks``, is recorded beside it);
 - ``block_masks``: the bytes allocated while building each band architecture's FlexAttention
   block mask at T = 4k, 16k, 64k, and how many times the compiled FlexAttention call compiled
   over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
@@ -32,6 +37,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +61,11 @@ def sizes(quick: bool) -> dict[str, Any]:
     if quick:
         return {"spec": dict(d_model=32, n_layers=2, n_heads=2, segment_len=16),
                 "train_lens": (64, 128), "local_lens": (256,), "mask_lens": (256, 1024),
-                "decode_window": 128}
+                "decode_window": 128, "kernel_lens": (256,)}
     return {"spec": dict(d_model=768, n_layers=12, n_heads=6, segment_len=256),
             "train_lens": (2048, 8192, 32768), "local_lens": (65536,),
-            "mask_lens": (4096, 16384, 65536), "decode_window": 4096}
+            "mask_lens": (4096, 16384, 65536), "decode_window": 4096,
+            "kernel_lens": (2048, 8192, 32768)}
 
 
 def device_section(device: torch.device) -> dict[str, Any]:
@@ -116,11 +123,88 @@ def decode_section(device: torch.device, size: dict[str, Any], quick: bool) -> d
                             rounds=rounds)
 
 
+KERNEL_ARCHS = ("ecp", "sliding_window", "block_local", "s2")
+
+
+def kernels_section(device: torch.device, size: dict[str, Any], left: Callable[[], float]
+                    ) -> dict[str, Any]:
+    spec = BenchSpec(**size["spec"], device=device.type)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    cases, fastest = [], {}
+    for seq_len in size["kernel_lens"]:
+        for name in KERNEL_ARCHS:
+            if left() <= 0:
+                cases.append({"arch": name, "seq_len": seq_len, "skipped": "out of time"})
+                continue
+            rows, choice = _kernel_cases(name, seq_len, spec, device, dtype)
+            cases += rows
+            if choice:
+                fastest.setdefault(name, {})[str(seq_len)] = choice
+    return {"dtype": str(dtype).removeprefix("torch."), "cases": cases, "fastest": fastest}
+
+
+def _kernel_cases(name: str, seq_len: int, spec: BenchSpec, device: torch.device,
+                  dtype: torch.dtype) -> tuple[list[dict[str, Any]], dict[str, str] | None]:
+    """One attention call of ``name`` at T = ``seq_len`` timed with each kernel that can run
+    it here: its rows, and the fastest kernel beside the one ``auto`` picks."""
+    from ecp_lm.model.archs import architecture
+    from ecp_lm.model.kernels import choose_kernel, kernel_problem
+    from ecp_lm.model.kernels.flex import flex_attention_from_mask
+    from ecp_lm.model.rows import Rows
+
+    cfg = model_config(name, seq_len, spec).resolved()
+    arch, rows = architecture(name)(cfg), Rows.span(0, seq_len)
+    backward = device.type == "cuda"  # FlexAttention's backward runs on CUDA only
+    q, k, v = (torch.randn(1, cfg.n_heads, seq_len, cfg.head_dim, device=device, dtype=dtype,
+                           requires_grad=backward) for _ in range(3))
+    out, timed = [], {}
+    for kernel in ("flex", *arch.kernels):
+        if kernel_problem(arch, kernel, q, 0.0, backward) is not None:
+            continue
+        if kernel == "flex":
+            bands = arch.flex_bands(cfg.n_heads)
+            call = partial(flex_attention_from_mask, q, k, v, arch.mask, rows, bands)
+        else:
+            call = partial(arch.attend, q, k, v, rows, 0.0, kernel)
+        case = {"arch": name, "seq_len": seq_len, "kernel": kernel, "backward": backward}
+        try:
+            timed[kernel] = _time_call(call, backward, device)
+        except Exception as err:  # e.g. out of memory: the other kernels still run
+            out.append({**case, "error": _short(err)})
+            continue
+        out.append({**case, "ms": timed[kernel] * 1e3})
+    if not timed:
+        return out, None
+    return out, {"fastest": min(timed, key=timed.get),
+                 "auto_picks": choose_kernel(arch, "auto", q, 0.0, backward)}
+
+
+def _time_call(call: Callable[[], torch.Tensor], backward: bool, device: torch.device,
+               repeats: int = 3) -> float:
+    """Median seconds of ``call`` (and its backward), after one untimed call (compilation)."""
+    def once() -> None:
+        out = call()
+        if backward:
+            out.backward(torch.ones_like(out))
+
+    once()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        began = time.perf_counter()
+        once()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - began)
+    return sorted(times)[len(times) // 2]
+
+
 def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
-SECTIONS = ("device", "train", "block_masks", "decode")
+SECTIONS = ("device", "train", "kernels", "block_masks", "decode")
 
 
 def run(device: torch.device, quick: bool, budget: float,
@@ -135,6 +219,7 @@ def run(device: torch.device, quick: bool, budget: float,
     sections: list[tuple[str, Callable[[], Any]]] = [
         ("device", lambda: device_section(device)),
         ("train", lambda: train_section(device, size, report.get("device", {}), left)),
+        ("kernels", lambda: kernels_section(device, size, left)),
         ("block_masks", lambda: block_mask_section(device, size)),
         ("decode", lambda: decode_section(device, size, quick)),
     ]
@@ -186,6 +271,16 @@ def table(report: dict[str, Any]) -> str:
         for c in decode["cases"]:
             lines.append(f"| {c['arch']} | {c['mode']} | {c['ms_per_step']:.3f} | "
                          f"{c['ratio_to_floor']:.2f} |")
+    kernels = report.get("kernels")
+    if kernels:
+        lines += ["", f"| arch | T | kernel | ms ({kernels['dtype']}) |", "|---|---|---|---|"]
+        for c in kernels["cases"]:
+            ms = f"{c['ms']:.2f}" if "ms" in c else c.get("error") or c.get("skipped")
+            lines.append(f"| {c['arch']} | {c['seq_len']:,} | {c.get('kernel', '-')} | {ms} |")
+        for arch, by_len in kernels["fastest"].items():
+            picks = ", ".join(f"T={t}: {p['fastest']} (auto: {p['auto_picks']})"
+                              for t, p in by_len.items())
+            lines.append(f"fastest {arch}: {picks}")
     for name, err in report.get("errors", {}).items():
         lines.append(f"{name}: {err}")
     return "\n".join(lines)

@@ -92,10 +92,11 @@ class ModelConfig:
     """The attention kernel, named by what runs: ``auto`` (the fastest exact kernel that can run
     each call), ``native`` (the C++ band kernel: CPU, dropout eagerly only; ecp and the local
     baselines),
-    ``flash`` (PyTorch's fused SDPA kernels, no mask tensor: for ecp two flash calls, over each
-    segment and over its previous segment, merged by log-sum-exp (CPU, no dropout); for the
-    others unmasked or causal fused SDPA calls, over the whole window or batched over blocks,
-    segments or groups), ``mask`` (SDPA with a small static mask, batched over blocks),
+    ``flash`` (PyTorch's fused SDPA kernels, no mask tensor: for ecp on the CPU two flash
+    calls, over each segment and over its previous segment, merged by log-sum-exp (no dropout),
+    elsewhere one lower-right causal call per pair of segments; for the others unmasked or
+    causal fused SDPA calls, over the whole window or batched over blocks, segments or groups),
+    ``mask`` (SDPA with a small static mask, batched over blocks),
     ``flex`` (FlexAttention; no dropout, backward only on CUDA), or ``reference`` (dense masked
     attention built from the mask predicate). Each architecture has some of native/flash/mask;
     an explicit kernel that cannot run a call raises ValueError."""

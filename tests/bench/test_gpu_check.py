@@ -17,11 +17,48 @@ def test_the_script_needs_no_network():
     assert any("PYTHONPATH" in line for line in lines)
 
 
+def script_words() -> list[str]:
+    """The words of gpu_check.sh's commands, its comments left out and its line
+    continuations joined."""
+    text = (ROOT / "benchmarks" / "gpu_check.sh").read_text().replace("\\\n", " ")
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("#")]
+    return " ".join(lines).split()
+
+
+def test_every_path_the_script_names_exists():
+    named = [w.strip("\"'") for w in script_words() if re.match(r"[\"']?(tests|benchmarks)/", w)]
+    assert any(w.startswith("tests/") for w in named), named
+    missing = [w for w in named if not (ROOT / w).exists()]
+    assert not missing, f"gpu_check.sh names {missing}, which do not exist"
+
+
+def test_its_pytest_selection_collects_the_gpu_tests():
+    """What the script hands pytest collects tests (on the CPU they are collected and skipped):
+    a moved or emptied file fails here rather than on the GPU machine."""
+    words = script_words()
+    start = words.index("pytest") + 1
+    selection = [w for w in words[start:words.index("2>&1", start)]
+                 if w.startswith("tests/")]
+    assert selection, words[start:]
+    for path in selection:
+        done = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                               "-p", "no:cacheprovider", path], capture_output=True, text=True,
+                              cwd=ROOT, timeout=300)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        collected = [line for line in done.stdout.splitlines() if "::" in line]
+        assert collected, f"{path} collects no test"
+    gpu = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
+                          "-p", "no:cacheprovider", *selection], capture_output=True, text=True,
+                         cwd=ROOT, timeout=300).stdout
+    assert "test_gpu.py::test_cuda_kernels_equal_reference[ecp-flash]" in gpu
+    assert "test_cuda_flex_training_and_validation_stay_within_the_graph_budget" in gpu
+
+
 def test_measurements_run_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"),
                            "--device", "cpu", "--quick", "--sections",
-                           "device,train,block_masks", "--json", str(out)],
+                           "device,train,kernels,block_masks", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -33,3 +70,9 @@ def test_measurements_run_on_the_cpu(tmp_path):
         assert r["tokens_per_s"] > 0 and r["step_flops"] > 0 and r["ratio_to_matmul"] > 0
     assert report["block_masks"]["cases"]
     assert "| ecp | 64 |" in done.stdout
+    kernels = report["kernels"]
+    timed = {(c["arch"], c["kernel"]) for c in kernels["cases"] if "ms" in c}
+    assert {("ecp", "flex"), ("ecp", "flash"), ("ecp", "mask"), ("s2", "flex")} <= timed
+    for arch in ("ecp", "sliding_window", "block_local", "s2"):
+        choice = kernels["fastest"][arch]["256"]
+        assert (arch, choice["fastest"]) in timed and choice["auto_picks"]

@@ -21,7 +21,7 @@ def exact_matmuls():
 
 CUDA_KERNELS = [(arch, impl) for arch in ARCHS
                 for impl in ("flex", "auto", *architecture(arch).kernels)
-                if impl != "native" and not (arch == "ecp" and impl == "flash")]  # CPU only
+                if impl != "native"]  # CPU only
 
 
 @pytest.mark.parametrize(("arch", "impl"), CUDA_KERNELS)
@@ -85,3 +85,34 @@ def test_cuda_compiled_decoding_has_no_host_sync(arch):
         finally:
             torch.cuda.set_sync_debug_mode("default")
         torch._dynamo.reset()
+
+
+def test_cuda_flex_training_and_validation_stay_within_the_graph_budget():
+    """A hybrid of the four local kinds on FlexAttention: a bf16 training step (backward), fp32
+    and bf16 validation and a length of 1 compile at most kinds x (dtype, backward or not) x
+    (batch of one or several) graphs, and never run FlexAttention uncompiled."""
+    import warnings
+
+    from torch._dynamo.utils import counters
+
+    from ecp_lm.model.kernels.flex import GRAPHS_PER_KIND
+
+    torch._dynamo.reset()
+    model = sharp_model("hybrid", attn_impl="flex", layer_pattern="ecp,sliding_window,s2,"
+                        "block_local", n_layers=4, seq_len=64, num_segments=4).cuda()
+    before = counters["stats"]["unique_graphs"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "called without torch.compile()"
+        for t in (200, 37, 129):
+            model.train()
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                model.loss(random_tokens(2, t + 1, seed=t).cuda()).backward()
+            model.eval()
+            with torch.no_grad():
+                for dtype in (torch.float32, torch.bfloat16):
+                    with torch.autocast("cuda", dtype=dtype, enabled=dtype != torch.float32):
+                        model(random_tokens(2, t, seed=t).cuda())
+                        model(random_tokens(1, 1).cuda())
+    graphs = counters["stats"]["unique_graphs"] - before
+    assert graphs <= 4 * GRAPHS_PER_KIND, graphs
+    assert graphs <= 4 * (1 + 2 * 2), graphs  # bf16 backward; fp32, bf16 at batch 1 and 2

@@ -86,6 +86,8 @@ def test_dropout_train_vs_eval(arch):
 def test_ecp_kernel_has_no_quadratic_tensor(monkeypatch):
     """The segment-pair kernels never build a T×T score or mask: every attention call they make
     has at most m queries and 2m keys."""
+    from types import SimpleNamespace
+
     import torch.nn.functional as F
 
     from ecp_lm.model.kernels import sdpa as kernels
@@ -102,14 +104,20 @@ def test_ecp_kernel_has_no_quadratic_tensor(monkeypatch):
         seen.append((q.size(-2), k.size(-2)))
         return real_flash(q, k, v, *args, **kw)
 
-    monkeypatch.setattr(kernels.F, "scaled_dot_product_attention", spy_sdpa)
+    # The kernels' own ``F``, not torch's module: torch's CausalBias recognises the real SDPA.
+    spy_f = SimpleNamespace(**{name: getattr(F, name) for name in dir(F)
+                               if not name.startswith("__")})
+    spy_f.scaled_dot_product_attention = spy_sdpa
+    monkeypatch.setattr(kernels, "F", spy_f)
     monkeypatch.setattr(segment_lse, "_flash", spy_flash)
     monkeypatch.setattr(kernels.native, "supports", lambda q, dropout_p=0.0: False)
     m = 8
     q = torch.randn(1, 2, 20 * m + 3, 16)
     kernels.segment_pair_attention(q, q, q, m)  # CPU fallback: log-sum-exp merge
     kernels.segment_pair_attention(q, q, q, m, dropout_p=0.1)  # the (m, 2m)-mask kernel
-    assert len(seen) == 4 and all(kv <= 2 * m and rq <= m for rq, kv in seen)
+    pairs = torch.nn.functional.pad(q, (0, 0, 0, -q.size(2) % m)).reshape(1, 2, -1, m, 16)
+    kernels.segment_pairs_lower_right(pairs, pairs, pairs)  # CUDA's flash path
+    assert len(seen) == 6 and all(kv <= 2 * m and rq <= m for rq, kv in seen)
 
 
 @pytest.mark.parametrize("length", [1, 8, 9, 40])
@@ -134,9 +142,27 @@ def test_ecp_kernels_agree_with_the_dense_reference(length, native_kernel):
         out = kernel(*padded).reshape(2, 3, -1, 16)[:, :, :length]
         return out, torch.autograd.grad(out, (q, k, v), grad)
 
-    ecp_kernels = (native_kernel.segment_attention, segment_pairs_lse, kernels.segment_pairs_masked)
+    ecp_kernels = (native_kernel.segment_attention, segment_pairs_lse, kernels.segment_pairs_masked,
+                   kernels.segment_pairs_lower_right)  # the last: CUDA's flash path
     for kernel in ecp_kernels:
         out, grads = run(kernel)
         torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-8)
         for a, b in zip(grads, expected, strict=True):
             torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+def test_ecp_flash_kernel_where_it_runs():
+    """ECP's flash kernel: on the CPU without dropout (the log-sum-exp merge), elsewhere with
+    any (one lower-right call per pair); off the CPU ``auto`` keeps preferring the mask kernel
+    until a GPU has timed both (benchmarks/gpu_check.py)."""
+    from ecp_lm.model.archs import architecture
+    from ecp_lm.model.kernels import kernel_problem
+    from helpers import tiny_config
+
+    arch = architecture("ecp")(tiny_config("ecp"))
+    q = torch.zeros(1, 2, 8, 16)
+    assert kernel_problem(arch, "flash", q, 0.0, True) is None
+    assert "log-sum-exp" in kernel_problem(arch, "flash", q, 0.1, True)
+    order = arch.auto_kernels(0.1, "cuda")
+    assert order.index("mask") < order.index("flash")
+    assert arch.auto_kernels(0.0, "cpu") == ("native", "flash", "mask")
