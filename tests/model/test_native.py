@@ -345,3 +345,18 @@ def test_band_rules_in_bfloat16_accumulate_in_float32(native_kernel, arch, size)
         # one rounding to bfloat16 (8 bits of mantissa): relative error 2^-8 of each value
         torch.testing.assert_close(a.double(), b, atol=1e-3, rtol=2**-8)
     assert native_kernel.supports(q)
+
+
+# The sizes tests/model/test_hybrid.py's models run at (helpers.TINY: head size 16, windows of
+# 3N = 96; ECP m = 8, a window of 13, blocks of 16, groups of 8), in both dtypes it uses.
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize(("arch", "size"), [("ecp", 8), ("window", 13), ("block", 16),
+                                            ("shifted", 8)])
+def test_exact_at_the_hybrid_tests_sizes(native_kernel, arch, size, dtype):
+    rule, mask = ARCHS[arch](size)
+    q, k, v, grad = _inputs((2, 2, 96, 16), dtype, seed=size)
+    expected = _run(_dense(mask), *(x.double() for x in (q, k, v, grad)))
+    got = _run(partial(native_kernel.band_attention, rule=rule), q, k, v, grad)
+    tol = dict(atol=1e-12, rtol=1e-10) if dtype == torch.float64 else dict(atol=2e-6, rtol=1e-5)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b.to(dtype), **tol)

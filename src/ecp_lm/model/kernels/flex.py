@@ -40,8 +40,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ecp_lm.model.kernels import block_masks
-from ecp_lm.model.kernels.block_masks import Bands
+from ecp_lm.model.kernels.block_masks import (
+    BLOCK,
+    Bands,
+    band_block_mask,
+    first_position,
+    predicate_block_mask,
+)
 from ecp_lm.model.kernels.masks import Mask
 from ecp_lm.model.rows import Rows
 
@@ -76,12 +81,11 @@ def flex_attention_from_mask(q: Tensor, k: Tensor, v: Tensor, mask: Mask, rows: 
         q, k, v = (F.pad(x, (0, 0, 0, 1)) for x in (q, k, v))
         return flex_attention_from_mask(q, k, v, mask, _one_row_more(rows), bands)[..., :1, :]
     if bands is None:
-        block_mask = block_masks.predicate_block_mask(mask, q.size(1), rows.tail(q_len), rows,
-                                                      q.device)
+        block_mask = predicate_block_mask(mask, q.size(1), rows.tail(q_len), rows, q.device)
     else:
-        kv_start = block_masks.first_position(rows)
-        block_mask = block_masks.band_block_mask(mask, bands, kv_start + len(rows) - q_len,
-                                                 kv_start, q_len, len(rows), q.device)
+        kv_start = first_position(rows)
+        block_mask = band_block_mask(mask, bands, kv_start + len(rows) - q_len, kv_start,
+                                     q_len, len(rows), q.device)
     gapped = bool(len(rows.history) and len(rows.main)) and rows.history.stop != rows.main.start
     kind = Kind(mask, gapped, q_len == len(rows), q.size(1), q.size(-1), q.device.type)
     return flex_attention(q, k, v, block_mask, kind)
@@ -145,8 +149,7 @@ def _flex_of_tables(q: Tensor, k: Tensor, v: Tensor, tables: tuple[Tensor, ...],
     # (symbolic) sizes rather than Python ints that would be compiled in.
     from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-    block = block_masks.BLOCK
-    block_mask = BlockMask((q.size(-2), k.size(-2)), *tables, BLOCK_SIZE=(block, block),
+    block_mask = BlockMask((q.size(-2), k.size(-2)), *tables, BLOCK_SIZE=(BLOCK, BLOCK),
                            mask_mod=mask_mod)
     return flex_attention(q, k, v, block_mask=block_mask, scale=scale)
 
