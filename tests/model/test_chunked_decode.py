@@ -7,9 +7,8 @@ so a chunk creates no (C, capacity + C) tensor; the dense path stays where rows 
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_leaves
 
+from ecp_lm.bench.core import CreatedBytes
 from ecp_lm.model import model as skeleton
 from ecp_lm.model.cache import KVCache
 from helpers import UNBOUNDED, random_tokens, sharp_model
@@ -175,27 +174,11 @@ def test_rows_of_different_origins_take_the_dense_path_exactly(monkeypatch):
     assert dense == [3, 3]
 
 
-class LargestCreated(TorchDispatchMode):
-    """The most elements of any tensor an operation creates inside it (views excluded)."""
-
-    def __init__(self):
-        super().__init__()
-        self.numel = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                  if isinstance(t, torch.Tensor)}
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
-                self.numel = max(self.numel, t.numel())
-        return out
-
-
 def largest_created(model, tokens, caches, start_pos: int) -> int:
-    with torch.no_grad(), LargestCreated() as mode:
+    """The most elements of one tensor the call creates (views excluded)."""
+    with torch.no_grad(), CreatedBytes() as mode:
         model.hidden_states(tokens, caches, start_pos)
-    return mode.numel
+    return mode.largest
 
 
 @pytest.mark.parametrize("name", LOCAL)

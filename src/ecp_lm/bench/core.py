@@ -128,11 +128,13 @@ def peak_bytes(device: torch.device, mark: int) -> int:
 
 class CreatedBytes(TorchDispatchMode):
     """Adds up the bytes of every tensor an operation creates inside it (views and in-place
-    results excluded): an upper bound on what the work held at once, exact on any device."""
+    results excluded): an upper bound on what the work held at once, exact on any device;
+    ``largest``: the most elements of one of them."""
 
     def __init__(self):
         super().__init__()
         self.bytes = 0
+        self.largest = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -141,6 +143,7 @@ class CreatedBytes(TorchDispatchMode):
         for t in tree_leaves(out):
             if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in inputs:
                 self.bytes += t.untyped_storage().nbytes()
+                self.largest = max(self.largest, t.numel())
         return out
 
 
