@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH_PIN ?= torch==2.13.0
 
-.PHONY: setup demo test lint bench bench-attention bench-context-parallel clean
+.PHONY: setup demo test lint docs docs-gen bench bench-attention bench-context-parallel clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(BIN)/python:
 setup: $(BIN)/python
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet $(TORCH_PIN)
-	$(BIN)/pip install --quiet -e '.[dev,images,hf,hub,wandb,lmeval]'
+	$(BIN)/pip install --quiet -e '.[dev,images,hf,hub,wandb,lmeval,docs]'
 
 demo: setup
 	$(BIN)/ecp demo --out runs/demo
@@ -21,8 +21,21 @@ demo: setup
 lint: setup
 	$(BIN)/ruff check src tests benchmarks
 
+# The suite in TEST_WORKERS processes of one thread each (pytest-xdist; two on a 2-core machine):
+# two one-thread jobs keep both cores busy without OpenMP's threads spinning against each other.
+TEST_WORKERS ?= 2
+
 test: lint
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m pytest -q
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q \
+		-n $(TEST_WORKERS) --dist worksteal --durations=30
+
+# The documentation site, built strictly (a broken link or a docstring warning fails) into site/.
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# The generated reference pages (command line, configuration, API) and the mask pictures.
+docs-gen: setup
+	$(BIN)/python -m ecp_lm.docsgen
 
 bench: setup
 	$(BIN)/ecp bench --decode --json benchmarks/results/bench_cpu.json --plot benchmarks/results/bench_cpu.png
@@ -34,4 +47,4 @@ bench-context-parallel: setup
 	$(BIN)/python benchmarks/context_parallel.py --json benchmarks/results/context_parallel_cpu.json
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) build site src/*.egg-info .pytest_cache .ruff_cache

@@ -71,7 +71,7 @@ def tiny_run_config(tmp_path, arch: str = "ecp", overrides=(), **train):
 
 def trained_runs(tmp_path, archs, steps: int) -> dict:
     """A tiny trained byte-level run folder per architecture, ``{arch: folder}``."""
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
 
     out = {}
     for arch in archs:
@@ -166,3 +166,51 @@ def committed_copy(folder, dest):
         (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(folder / name, dest / name)
     return kept
+
+
+def tree_hashes(root) -> dict:
+    """sha256 of every file, the target of every link and each folder under ``root`` (itself
+    included), by relative path: equal before and after means nothing under it changed."""
+    import hashlib
+    import os
+    from pathlib import Path
+
+    root = Path(root)
+    found = {".": "-> " + os.readlink(root) if root.is_symlink() else "dir"}
+    for folder, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = Path(folder) / name
+            key = str(path.relative_to(root))
+            if path.is_symlink():
+                found[key] = "-> " + os.readlink(path)
+            elif path.is_file():
+                found[key] = hashlib.sha256(path.read_bytes()).hexdigest()
+            else:
+                found[key] = "dir"
+    return found
+
+
+def in_namespace(script: str, cwd):
+    """Run the shell ``script`` in ``cwd`` as root of its own user and mount namespace
+    (``unshare -rm``), where it may mount a small tmpfs (a disk that fills up) or a read-only
+    bind (a folder that cannot be written, even by root), seen by it alone; ``$ECP`` runs this
+    interpreter's ``ecp``, offline, on this process's thread count (a run trained here resumes
+    there without a warning). Returns the CompletedProcess; skips the test
+    where such namespaces are not allowed."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    import pytest
+    import torch
+
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-rm", "true"], capture_output=True).returncode != 0:
+        pytest.skip("needs unshare -rm (user and mount namespaces) for a tmpfs or a read-only "
+                    "bind mount")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "OMP_NUM_THREADS": str(torch.get_num_threads()),
+           "ECP": f"{sys.executable} -m ecp_lm"}
+    return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)

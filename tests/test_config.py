@@ -151,6 +151,18 @@ def test_yaml_unknown_field(tmp_path):
         ModelConfig.from_yaml(path)
 
 
+@pytest.mark.parametrize("content, message", [
+    (None, "no such file"), (b"arch: ecp\n\xff\n", r"is not a UTF-8 YAML file \(byte 10"),
+    (b"arch: [ecp\n", "is not valid YAML: .* line 2"), (b"- ecp\n", "expected a mapping")])
+def test_yaml_errors_name_the_file(tmp_path, content, message):
+    path = tmp_path / "model.yaml"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(ValueError, match=f"^{path}.*{message}") as err:
+        ModelConfig.from_yaml(path)
+    assert "\n" not in str(err.value) and "Errno" not in str(err.value)
+
+
 @pytest.mark.parametrize("arch", ARCHS)
 def test_presets_valid_for_every_arch(arch):
     for name in PRESETS:

@@ -136,7 +136,7 @@ def test_generate_cli(tmp_path, capsys):
     import shutil
 
     from ecp_lm.cli import main
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
     from helpers import tiny_run_config
 
     train(tiny_run_config(tmp_path, steps=1), tmp_path / "run", progress=False)

@@ -21,7 +21,7 @@ import torch
 
 from ecp_lm.plot import read_metrics
 from ecp_lm.run.checkpoint import read_checkpoint
-from helpers import tiny_run_config
+from helpers import tiny_run_config, write_corpus
 
 STEPS = 24
 
@@ -94,12 +94,12 @@ def interrupt_until_done(config_path, out, signum, instants):
             time.sleep(0.01)
         time.sleep(delay)
         proc.send_signal(signum)
-        out_text, err = proc.communicate(timeout=120)
+        out_text, err = proc.communicate(timeout=600)
         if proc.returncode != 0:  # 0: it had finished before the signal came
             stopped.append((proc.returncode, err + out_text))
         best_within_latest(out)
     proc = start(config_path, out)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     return stopped
 
@@ -139,7 +139,7 @@ def reference(tmp_path):
     _, config_path = run_config(tmp_path)
     out = tmp_path / "reference"
     proc = start(config_path, out)
-    _, err = proc.communicate(timeout=120)
+    _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     return out
 
@@ -181,7 +181,7 @@ def ctrl_c_at(argv, delays, env=None):
         wait_until_python_runs(proc)
         time.sleep(delay)
         proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=120)
+        _, err = proc.communicate(timeout=600)
         results.append((proc.returncode, err))
     return results
 
@@ -232,11 +232,11 @@ def test_ctrl_c_during_data_prepare(tmp_path):
 
 def test_ctrl_c_during_eval(tmp_path):
     cfg = tiny_run_config(tmp_path, steps=1)
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
 
     train(cfg, tmp_path / "run", progress=False)
     delays = random_instants(3, [None] * 6)
-    results = ctrl_c_at(["eval", "--ckpt", tmp_path / "run", "--split", "train",
+    results = ctrl_c_at(["eval", "--ckpt", tmp_path / "run", "--split", "train", "--quiet",
                          "--batch-size", "1", "--stride", "1"], [d for _, d in delays])
     assert_one_line_or_done(results, "nothing was scored")
 
@@ -252,3 +252,32 @@ def test_demo_interrupted_says_to_rerun_the_same_command(monkeypatch, capsys):
     assert main(["demo", "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err == "ecp: interrupted; run the same command again to continue where it stopped\n"
+
+
+def test_ctrl_c_during_a_long_validation_stops_at_once_and_resumes_exactly(tmp_path):
+    """A validation of many batches is abandoned at its next batch, not finished first; the
+    checkpoint notes it is due, and the resumed run validates that step before going on, so it
+    ends as an uninterrupted run: the same weights, validation records and best step."""
+    write_corpus(tmp_path / "corpus.txt", n_lines=12_000)  # a validation split of ~30k bytes
+    cfg = tiny_run_config(tmp_path, "ecp", steps=3, eval_every=2, checkpoint_every=3,
+                          log_every=1, eval_batch_size=1, eval_max_tokens=9_000)
+    cfg.to_yaml(tmp_path / "run.yaml")
+    reference, out = tmp_path / "reference", tmp_path / "stopped"
+    assert start(tmp_path / "run.yaml", reference).wait(timeout=300) == 0
+    proc = start(tmp_path / "run.yaml", out)
+    while proc.poll() is None and logged_step(out) < 2:  # step 2 is logged, then validated
+        time.sleep(0.005)
+    time.sleep(0.2)  # into a validation of about 300 batches (over a second, idle)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=600)
+    assert proc.returncode == 130 and "Traceback" not in err, err
+    stopped = read_checkpoint(out / "latest")
+    assert stopped.meta["step"] == 2 and stopped.trainer_state()["validation_due"] is True
+    assert read_metrics(out)["valid"] == []  # abandoned, not finished first
+    assert start(tmp_path / "run.yaml", out).wait(timeout=300) == 0
+    expected, got = read_metrics(reference)["valid"], read_metrics(out)["valid"]
+    assert [(r["step"], r["loss"]) for r in got] == [(r["step"], r["loss"]) for r in expected]
+    assert read_checkpoint(out / "best").meta["step"] == \
+        read_checkpoint(reference / "best").meta["step"]
+    for name, tensor in read_checkpoint(reference / "latest").load_model().state_dict().items():
+        assert torch.equal(tensor, read_checkpoint(out / "latest").load_model().state_dict()[name])

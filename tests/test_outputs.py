@@ -16,24 +16,8 @@ import pytest
 from ecp_lm.cli import main
 from ecp_lm.outputs import MARKER, check_folder
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
-from helpers import tiny_run_config
-
-
-def snapshot(root: Path) -> dict[str, bytes | str]:
-    """Every file's bytes and every link's target under ``root``, by relative path."""
-    found: dict[str, bytes | str] = {}
-    for folder, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = Path(folder) / name
-            key = str(path.relative_to(root))
-            if path.is_symlink():
-                found[key] = "-> " + os.readlink(path)
-            elif path.is_file():
-                found[key] = path.read_bytes()
-            else:
-                found[key] = "dir"
-    return found
+from ecp_lm.training.loop import train
+from helpers import tiny_run_config, tree_hashes
 
 
 def user_folder(path: Path) -> Path:
@@ -65,13 +49,13 @@ def run_dir(tmp_path_factory):
 def test_export_refuses_a_user_folder(tmp_path, run_dir, capsys):
     pytest.importorskip("transformers")
     proj = user_folder(tmp_path / "proj")
-    before = snapshot(proj)
+    before = tree_hashes(proj)
     refused(capsys, ["export", "--ckpt", run_dir, "--out", proj], str(proj), "src/")
-    assert snapshot(proj) == before
+    assert tree_hashes(proj) == before
     # A folder holding the checkpoint itself: refused too, and the run is untouched.
-    run_before = snapshot(run_dir)
+    run_before = tree_hashes(run_dir)
     refused(capsys, ["export", "--ckpt", run_dir / "latest", "--out", run_dir], str(run_dir))
-    assert snapshot(run_dir) == run_before
+    assert tree_hashes(run_dir) == run_before
     # Its own earlier export is replaced.
     out = tmp_path / "hf"
     assert main(["export", "--ckpt", str(run_dir), "--out", str(out)]) == 0
@@ -83,13 +67,13 @@ def test_data_prepare_refuses_a_user_folder_with_its_own_input(tmp_path, capsys)
     mydata = tmp_path / "mydata"
     mydata.mkdir()
     (mydata / "corpus.txt").write_text("the corpus it was asked to tokenize\n" * 50)
-    before = snapshot(mydata)
+    before = tree_hashes(mydata)
     refused(capsys, ["data", "prepare", "text", "--path", mydata / "corpus.txt", "--out",
                      mydata, "--quiet"], str(mydata), "corpus.txt")
-    assert snapshot(mydata) == before
+    assert tree_hashes(mydata) == before
     refused(capsys, ["data", "prepare", "text", "--path", mydata / "corpus.txt", "--out",
                      mydata, "--quiet", "--force"], "corpus.txt")
-    assert snapshot(mydata) == before
+    assert tree_hashes(mydata) == before
     # Its own cache is reused, and rebuilt with --force.
     cache = tmp_path / "cache"
     argv = ["data", "prepare", "text", "--path", str(mydata / "corpus.txt"), "--out", str(cache),
@@ -104,11 +88,11 @@ def test_train_refuses_a_user_folder(tmp_path, capsys, force):
     (userdir / "best" / "notes.txt").write_text("keep me\n")
     cfg = tiny_run_config(tmp_path, steps=2)
     cfg.to_yaml(userdir / "config.yaml")  # the user's own config, the one given as --config
-    before = snapshot(userdir)
+    before = tree_hashes(userdir)
     argv = ["train", "--config", userdir / "config.yaml", "--out", userdir, "--stop-at", "0",
             "--quiet", *(["--force"] if force else [])]
     refused(capsys, argv, str(userdir), "best/", "config.yaml")
-    assert snapshot(userdir) == before
+    assert tree_hashes(userdir) == before
 
 
 def test_force_starts_a_run_over_and_keeps_what_is_not_ours(tmp_path, capsys):
@@ -134,7 +118,7 @@ def test_demo_and_experiments_refuse_a_user_folder(tmp_path, capsys):
     from ecp_lm.experiments import long_context, mqar, study
 
     userdir = user_folder(tmp_path / "userdir")
-    before = snapshot(userdir)
+    before = tree_hashes(userdir)
     refused(capsys, ["demo", "--out", userdir, "--quiet"], str(userdir), seconds=30)
     for experiment in (study, long_context, mqar):
         start = time.monotonic()
@@ -142,7 +126,7 @@ def test_demo_and_experiments_refuse_a_user_folder(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and str(userdir) in err and "notes.txt" in err, err
         assert time.monotonic() - start < 30
-    assert snapshot(userdir) == before
+    assert tree_hashes(userdir) == before
     # A run folder is not an experiment's folder either.
     refused(capsys, ["demo", "--out", tmp_path / "userdir" / "src"], "a.py")
 
@@ -150,11 +134,11 @@ def test_demo_and_experiments_refuse_a_user_folder(tmp_path, capsys):
 def test_file_outputs_are_checked_before_any_work(tmp_path, run_dir, capsys):
     folder = tmp_path / "results"
     folder.mkdir()
-    notes = tmp_path / "notes.txt"
+    notes = tmp_path / "notes.png"  # a user's file with a figure's suffix
     notes.write_text("mine\n")
     user_json = tmp_path / "mine.json"
     user_json.write_text('{"my": "data"}\n')
-    before = snapshot(tmp_path)
+    before = tree_hashes(tmp_path)
     bench = ["bench", "--archs", "ecp", "--seq-lens", "64", "--d-model", "32", "--n-layers",
              "1", "--segment-len", "16", "--repeats", "1"]
     refused(capsys, [*bench, "--json", folder], "--json", "is a folder", seconds=20)
@@ -170,13 +154,13 @@ def test_file_outputs_are_checked_before_any_work(tmp_path, run_dir, capsys):
     refused(capsys, [*per_position, user_json], "not written by ecp")
     refused(capsys, ["plot", run_dir, "--out", notes], "--out", "not written by ecp")
     refused(capsys, ["plot", run_dir, "--out", f"{folder}/"], "names a folder")
-    assert snapshot(tmp_path) == before
+    assert tree_hashes(tmp_path) == before
     # Their own inputs: the checkpoint's meta.json, a report to plot, the run's metrics.
-    run_before = snapshot(run_dir)
+    run_before = tree_hashes(run_dir)
     meta = run_dir / "latest" / "meta.json"
     refused(capsys, [*per_position, meta], "not written by ecp")
     refused(capsys, ["plot", run_dir, "--out", run_dir / "metrics.jsonl"], "not written by ecp")
-    assert snapshot(run_dir) == run_before
+    assert tree_hashes(run_dir) == run_before
     # Their own outputs are replaced.
     report = tmp_path / "report.json"
     for _ in range(2):

@@ -104,3 +104,66 @@ def test_plot_runs_rejects_unknown_x(tmp_path: Path, train_only_run: Path) -> No
     with pytest.raises(ValueError, match="elapsed_s"):
         plot_runs([train_only_run], tmp_path / "c.png", x="elapsed_s")
     assert not (tmp_path / "c.png").exists()
+
+
+MAGIC = {".png": PNG_SIGNATURE, ".jpg": b"\xff\xd8\xff", ".jpeg": b"\xff\xd8\xff",
+         ".pdf": b"%PDF-", ".svg": b"<?xml"}
+
+
+@pytest.mark.parametrize("suffix", [".png", ".jpg", ".JPEG", ".pdf", ".svg"])
+def test_plot_writes_the_format_its_suffix_names(capsys, tmp_path: Path, train_only_run: Path,
+                                                 suffix: str) -> None:
+    from helpers import run_cli
+
+    out = tmp_path / f"curves{suffix}"
+    for _ in range(2):  # the second time over its own figure
+        code, _, err = run_cli(capsys, "plot", train_only_run, "--out", out)
+        assert code == 0 and err == ""
+        data = out.read_bytes()
+        assert data.startswith(MAGIC[suffix.lower()]), data[:16]
+    if suffix == ".svg":
+        assert b"<svg" in data[:2000]
+
+
+@pytest.mark.parametrize("name, fragment", [
+    ("curves.gif", "--out {out} has suffix .gif"), ("curves", "--out {out} has no suffix")])
+def test_plot_refuses_a_suffix_it_cannot_write(capsys, tmp_path: Path, train_only_run: Path,
+                                               name: str, fragment: str) -> None:
+    from helpers import run_cli
+
+    out = tmp_path / name
+    code, stdout, err = run_cli(capsys, "plot", train_only_run, "--out", out)
+    assert code == 2 and stdout == "" and err.count("\n") == 1
+    assert fragment.format(out=out) in err and ".png, .pdf, .svg, .jpg, .jpeg" in err
+    assert not out.exists()
+
+
+def test_plot_never_overwrites_a_figure_ecp_did_not_write(capsys, tmp_path: Path,
+                                                          train_only_run: Path) -> None:
+    from helpers import run_cli
+
+    for name, data in (("paper.pdf", b"%PDF-1.4 a user's paper"),
+                       ("photo.jpg", b"\xff\xd8\xff\xe0 a user's photo"),
+                       ("drawing.svg", b"<?xml version='1.0'?><svg/>")):
+        (tmp_path / name).write_bytes(data)
+        code, _, err = run_cli(capsys, "plot", train_only_run, "--out", tmp_path / name)
+        assert code == 2 and "was not written by ecp" in err
+        assert (tmp_path / name).read_bytes() == data
+
+
+def test_files_that_are_not_utf8_are_named(capsys, tmp_path: Path) -> None:
+    from helpers import run_cli
+
+    run = write_run(tmp_path, "r", [train(1, 3.0)])
+    (run / "metrics.jsonl").write_bytes(b'{"kind": "train", "step": 1, "loss": 3.0\xff}\n')
+    with pytest.raises(ValueError, match=r"r/metrics\.jsonl is not UTF-8 text \(byte 40"):
+        read_metrics(run)
+    labelled = write_run(tmp_path, "s", [train(1, 3.0)], arch="ecp")
+    (labelled / "config.yaml").write_bytes(b"model:\n  arch: \xffcp\n")
+    with pytest.raises(ValueError, match=r"s/config\.yaml is not a UTF-8 YAML file"):
+        run_label(labelled)
+    report = tmp_path / "report.json"
+    report.write_bytes(b'{"kind": "per_position"\xff}')
+    code, _, err = run_cli(capsys, "plot", "--per-position", report, "--out",
+                           tmp_path / "p.png")
+    assert code == 2 and f"{report} is not UTF-8 text" in err and err.count("\n") == 1

@@ -1,6 +1,8 @@
-"""Numbers the README and docs/results.md quote are the report files' numbers: each quote is
-rendered here from its JSON (or from the analytic cost model) and must appear in the text as
-written. A report rerun with other numbers fails this test until the text follows."""
+"""Numbers the documentation pages quote are the report files' numbers: each quote is rendered
+here from its JSON (or from the analytic cost model) and must appear in its page as written. A
+report rerun with other numbers fails this test until the page follows. The pages: the evidence
+page (docs/evidence.md), the performance page, the architectures page and the archive of the
+studies' full reports (docs/results.md)."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from ecp_lm.config import ModelConfig
 from ecp_lm.experiments.evidence.dropout import DROPOUT_BUDGETS, MODELS
 
 ROOT = Path(__file__).resolve().parents[1]
-README, RESULTS = ROOT / "README.md", ROOT / "docs" / "results.md"
+DOCS = ROOT / "docs"
+EVIDENCE, PERFORMANCE = DOCS / "evidence.md", DOCS / "performance.md"
+ARCHITECTURES, RESULTS = DOCS / "concepts" / "architectures.md", DOCS / "results.md"
 
 
 def report(path: str) -> dict:
@@ -64,7 +68,8 @@ def tile_ratio_window_to_ecp() -> str:
 
 
 def evidence_costs(name: str, label: str) -> str:
-    """A row of the README's Evidence III cost table (``experiments.evidence.models.costs``)."""
+    """A row of the evidence page's Evidence III cost table
+    (``experiments.evidence.models.costs``)."""
     from ecp_lm.experiments.evidence.models import costs, model_config
 
     c = costs(ModelConfig(**model_config(name, dict(d_model=128, n_layers=4, n_heads=4,
@@ -548,13 +553,13 @@ def rerun_ecp_advantage() -> list[str]:
 
 
 QUOTES = {
-    "README: the window in tiles across N": (README, lambda: (
+    "performance.md: the window in tiles across N": (PERFORMANCE, lambda: (
         f"key blocks, what a block-sparse kernel with blocks of the segment pays) it costs "
         f"{window_tile_range()}")),
-    **{f"README: Evidence III cost of {name}": (README, lambda name=name, label=label:
+    **{f"evidence.md: Evidence III cost of {name}": (EVIDENCE, lambda name=name, label=label:
                                                  evidence_costs(name, label))
        for name, label in EVIDENCE_ROWS.items()},
-    "README: throughput at 16k": (README, lambda: (
+    "performance.md: throughput at 16k": (PERFORMANCE, lambda: (
         f"ECP's training tokens/s at N = 16384 is **{throughput_ratio()}×** the transformer's")),
     "results.md: throughput at 16k": (RESULTS, lambda: (
         f"{throughput_ratio()}× the transformer's training throughput at N = 16,384")),
@@ -562,7 +567,7 @@ QUOTES = {
         "holds the value at offsets 0 … l with {low}–{high} accuracy ({layer1} in layer 1 one "
         "segment back, the\nrest {rest}) and at chance beyond ({beyond})".format(
             **segment_probe()))),
-    "README: costs of the cheaper baselines": (README, lambda: (
+    "architectures.md: costs of the cheaper baselines": (ARCHITECTURES, lambda: (
         f"which cost less ({cost('block_local')} and\n{cost('s2')} of full attention at "
         f"N = 2048, m = 256, against ECP's {cost('ecp')} and the transformer's "
         f"{cost('transformer')},")),
@@ -580,12 +585,12 @@ QUOTES = {
     "results.md: recall, ECP's rate trials": (RESULTS, lambda: (
         "ECP's trials spread from {:.3f} to {:.3f}".format(*sorted(
             report(f"{SMALL}/recall.json")["models"]["ecp"]["trials"].values())[::4]))),
-    **{f"README: full plan of {stage}": (README, lambda stage=stage, label=label: (
+    **{f"evidence.md: full plan of {stage}": (EVIDENCE, lambda stage=stage, label=label: (
         f"| {label} | {full_steps(stage):,} |")) for stage, label in FULL_PLAN_ROWS.items()},
-    "README: recall, small": (README, lambda: (
+    "evidence.md: recall, small": (EVIDENCE, lambda: (
         f"({recall_cell('transformer', 4)} at L = 4). At L = 6 the entry-matched window "
         f"({recall_cell('sliding_window', 6)}) is ahead of ECP ({recall_cell('ecp', 6)})")),
-    "README: dropout, small": (README, lambda: (
+    "evidence.md: dropout, small": (EVIDENCE, lambda: (
         f"larger than the transformer's ({dropout_text('ecp/0', 'final_gap')} against "
         f"{dropout_text('transformer/0', 'final_gap')} bits/byte)")),
     "results.md: curve, windows": (RESULTS, lambda: (
@@ -602,11 +607,11 @@ QUOTES = {
     "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
     "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
         f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
-    "README: hybrids, full": (README, lambda: (
+    "evidence.md: hybrids, full": (EVIDENCE, lambda: (
         f"(ECP from {recall_cell('ecp', 4, where=FULL['recall'])} to "
         f"{full_hybrid('hybrid_ecp', 4)} at L = 4; block_local from chance to "
         f"{full_hybrid('hybrid_block_local', 4)})")),
-    "README: hybrid curve, full": (README, lambda: (
+    "evidence.md: hybrid curve, full": (EVIDENCE, lambda: (
         f"({full_hybrid_cell('hybrid_ecp', 600)} against "
         f"{full_hybrid_cell('hybrid_sliding_window', 600)} bits/byte at 600 steps) and level "
         f"with the other two. But no hybrid is ahead of its local layer alone (ECP "
@@ -658,7 +663,7 @@ QUOTES = {
         hybrid_block_local_and_transformer())),
     "results.md: hybrid curve": (RESULTS, lambda: hybrid_against_pure()),
     "results.md: hybrid recall, rate trials": (RESULTS, lambda: hybrid_rate_trials()),
-    "README: recall's step times at L = 4": (README, lambda: (
+    "evidence.md: recall's step times at L = 4": (EVIDENCE, lambda: (
         "took a median of {:.3f}–{:.3f} s a step in the run its report keeps".format(
             *(f(r["depths"]["4"]["train_step_s"] for r in report(f"{SMALL}/recall.json")
                 ["models"].values()) for f in (min, max))))),
@@ -666,7 +671,7 @@ QUOTES = {
         "ECP's step here {:.3f} s against {:.3f} s in the curve stage's".format(
             report(f"{SMALL}/hybrid-curve.json")["models"]["ecp"]["step_s"],
             report(f"{SMALL}/curve.json")["models"]["ecp"]["step_s"]))),
-    "README: hybrids, small": (README, lambda: (
+    "evidence.md: hybrids, small": (EVIDENCE, lambda: (
         f"lifts ECP on recall from {recall_cell('ecp', 4)} to {hybrid_recall('hybrid_ecp', 4)} "
         f"at L = 4, but the tile-matched window is the better local layer "
         f"({hybrid_recall('hybrid_sliding_window_tiles', 4)})"
@@ -736,18 +741,18 @@ QUOTES = {
         f"segment reads far less at L = 2 and 4 ({binding_last('ecp', 2, FULL['relay'])}, "
         f"{binding_last('ecp', 4, FULL['relay'])}) and\n{binding_last('ecp', 6, FULL['relay'])} "
         "at L = 6.")),
-    "README: recall, full": (README, lambda: (
+    "evidence.md: recall, full": (EVIDENCE, lambda: (
         f"({recall_cell('transformer', 2, where=FULL['recall'])} at L = 2). The window matched "
         f"in entries is ahead of ECP ({recall_cell('sliding_window', 4, where=FULL['recall'])}"
         f"\nagainst {recall_cell('ecp', 4, where=FULL['recall'])} at L = 4)")),
-    "README: relay, full": (README, lambda: (
+    "evidence.md: relay, full": (EVIDENCE, lambda: (
         f"sends ECP to chance ({relay_full('ecp', 'path_replaced')}\nat L = 4 "
         f"and 6) while the control leaves it at "
         f"{relay_full('ecp', 'control_replaced')}. The answer takes the relay. "
         f"The\nbest binding-probe cell reads ECP ({binding('ecp', FULL['relay'])}) about as well "
         f"as the window and nearly as well as\nthe transformer "
         f"({binding('transformer', FULL['relay'])})")),
-    "README: the full curve's rate trials": (README, lambda: (
+    "evidence.md: the full curve's rate trials": (EVIDENCE, lambda: (
         "which chose 8e-3 by {:.3f} bits/byte over 4e-3 (its bits/byte at 2e-3, 4e-3, 8e-3 and "
         "1.6e-2: {}, {}, {}, {})".format(
             curve_trial("sliding_window", 4e-3) - curve_trial("sliding_window", 8e-3),
@@ -763,7 +768,7 @@ QUOTES = {
         f"({signed(full_gain('ecp'))})")),
     "results.md: curve, full, what a GPU would settle": (RESULTS, lambda: (
         f"positive in every seed but small ({signed(full_gain('transformer'))} bits/byte)")),
-    "README: curve, full, context": (README, lambda: (
+    "evidence.md: curve, full, context": (EVIDENCE, lambda: (
         f"in every seed ({signed(full_gain('transformer'))} bits/byte) and ECP less than a "
         f"tenth of that ({signed(full_gain('ecp'))})")),
     "results.md: curve, full, the entry-matched window": (RESULTS, lambda: (
@@ -834,16 +839,16 @@ QUOTES = {
             dropout_cell("ecp/0.1", "final_gap", FULL["dropout"])["mean"],
             full_dropout("ecp/0.1", "best_valid_bits")))),
     "results.md: dropout, full, verdict": (RESULTS, full_dropout_gap_claim),
-    "README: dropout, full": (README, lambda: (
+    "evidence.md: dropout, full": (EVIDENCE, lambda: (
         f"ECP's train–validation gap is larger than the transformer's "
         f"{full_dropout_gap_claim()}")),
-    "README: the small stages in one sitting": (README, lambda: small_timing()["table"]),
-    "README: the small stages' total": (README, lambda: (
+    "evidence.md: the small stages in one sitting": (EVIDENCE, lambda: small_timing()["table"]),
+    "evidence.md: the small stages' total": (EVIDENCE, lambda: (
         f"the five `small` stages, one after\nanother in one sitting, take "
         f"{small_timing()['total']} on the two cores")),
     "results.md: the small stages' total": (RESULTS, lambda: (
         f"(all five one after another in one sitting: {small_timing()['total']})")),
-    "README: recall, small, again": (README, lambda: (
+    "evidence.md: recall, small, again": (EVIDENCE, lambda: (
         f"the window's lead at L = 6 was not separated "
         f"({recall_cell('sliding_window', 6, where=RERUN)} against "
         f"{recall_cell('ecp', 6, where=RERUN)}) and ECP was also ahead of the "
@@ -932,8 +937,8 @@ def test_full_reports_are_the_stages_own(stage):
     check_rendering(f"{FULL[stage]}/{stage.removeprefix('hybrid-')}", *FULL_TABLES[stage])
 
 
-def test_readme_names_the_full_curves_chosen_rates():
-    """The README's account of the full curve's trials: 4e-3 for every model but the
+def test_the_evidence_page_names_the_full_curves_chosen_rates():
+    """The evidence page's account of the full curve's trials: 4e-3 for every model but the
     entry-matched window, and no choice at an edge of the grid."""
     from ecp_lm.experiments.evidence.curve import CURVE_BUDGETS
 
@@ -943,20 +948,20 @@ def test_readme_names_the_full_curves_chosen_rates():
     assert min(lrs) < min(rates.values()) and max(rates.values()) < max(lrs)
     quote = ("every model's rate is now inside the grid: 4e-3 for all but the entry-matched "
              "window, which chose 8e-3")
-    assert quote in " ".join(README.read_text().split())
+    assert quote in " ".join(EVIDENCE.read_text().split())
 
 
 def test_the_curves_first_point_is_its_trial_again():
     """Seed 0's 300-step point on the full curve is the same annealed run as the 4e-3 trial
     (seed 0, 300 steps, the same schedule), so its validation score is the trial's exactly, as
-    the README says."""
+    the evidence page says."""
     point = report(f"{FULL['curve']}/curve/ecp/seed0/result.json")["points"][0]
     assert point["steps"] == 300
     assert point["bits_per_byte"] == curve_trial("ecp", 4e-3)
 
 
 def test_the_full_curves_verdicts_are_its_orderings():
-    """What results.md and the README say of the full curve is what its report called: ECP
+    """What results.md and the evidence page say of the full curve is what its report called: ECP
     ahead of the entry-matched window and of the transformer at 600 steps only (the latter at
     equal time too), the tile-matched window ahead of ECP at 300 and 600, s2 ahead early, no
     ordering at 1,200, and the context gains: the transformer's positive in every seed, ECP's
@@ -1047,7 +1052,7 @@ def test_the_full_curves_paired_seeds_are_as_results_md_says():
 
 
 def test_the_full_dropout_verdicts_are_its_findings():
-    """What results.md and the README say of the full dropout stage is what its table holds:
+    """What results.md and the evidence page say of the full dropout stage is what its table holds:
     validation turned at dropout 0 in every seed of ECP and both windows and in two of the
     transformer's, ECP's final gap above the transformer's and below both windows' (ranges
     separated), the windows' above the transformer's, ECP's mean gap above the transformer's

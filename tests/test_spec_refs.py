@@ -1,4 +1,5 @@
-"""Every spec citation in the code, tests, benchmarks and README names a section of docs/spec.md.
+"""Every spec citation in the code, tests, benchmarks, README and documentation pages names a
+section of docs/spec.md.
 
 A citation is ``SPEC §n`` (or ``docs/spec.md §n``), possibly followed by more sections:
 ``SPEC §2–§3``, ``SPEC §2, §5``, ``SPEC §3 and §3b``. A section is a heading ``## n. Title`` of
@@ -15,6 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SPEC_FILE = ROOT / "docs" / "spec.md"
 SCANNED_DIRS = ("src", "tests", "benchmarks")
 SCANNED_FILES = ("README.md",)
+SCANNED_PAGES = "docs"
+"""The documentation's pages (``docs/**/*.md``), except docs/spec.md itself, whose own
+references ``test_spec_cross_references_name_its_sections`` checks."""
 TEXT_SUFFIXES = {".py", ".md", ".sh", ".cpp", ".h", ".txt", ".toml", ".yaml", ".yml"}
 SKIPPED_DIRS = {"__pycache__", ".pytest_cache"}
 
@@ -50,9 +54,11 @@ def problems(text: str, sections: set[str], where: str) -> list[str]:
 
 
 def scanned_files() -> list[Path]:
-    """README and the text files under src/, tests/ and benchmarks/, except this test (whose
-    examples cite missing sections on purpose) and build output."""
+    """README, the documentation's pages and the text files under src/, tests/ and benchmarks/,
+    except this test (whose examples cite missing sections on purpose) and build output."""
     files = [ROOT / name for name in SCANNED_FILES]
+    files += [path for path in sorted((ROOT / SCANNED_PAGES).rglob("*.md"))
+              if path.resolve() != SPEC_FILE.resolve()]
     for folder in SCANNED_DIRS:
         for path in sorted((ROOT / folder).rglob("*")):
             parts = set(path.relative_to(ROOT).parts)
@@ -72,6 +78,14 @@ def test_every_citation_names_a_section():
         found += problems(text, sections, str(path.relative_to(ROOT)))
     assert not found, "\n".join(found)
     assert count >= 30  # the scan does see the code's citations
+
+
+def test_the_documentation_pages_are_scanned():
+    """The pages under docs/ are in the scan (spec.md aside), and they do cite the spec."""
+    pages = [p for p in scanned_files() if p.is_relative_to(ROOT / SCANNED_PAGES)]
+    assert ROOT / "docs" / "concepts" / "evaluation.md" in pages
+    assert SPEC_FILE not in pages
+    assert sum(len(cited_sections(p.read_text(encoding="utf-8"))) for p in pages) >= 3
 
 
 def test_spec_cross_references_name_its_sections():

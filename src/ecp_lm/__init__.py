@@ -1,5 +1,8 @@
 """ecp-lm: efficient long-context autoregressive models (ECP and the PerceiverAR family).
 
+``prepare``, ``train`` and ``load`` (a ``Run``: ``generate``, ``evaluate``) are the command
+line's journey as Python functions (``ecp_lm.api``).
+
 The names below are imported on first use, so that importing the package (as the ``ecp``
 command does first) does not yet load torch.
 """
@@ -12,10 +15,11 @@ __version__ = "0.1.0"
 
 _EXPORTS = {"ARCHS": "ecp_lm.config", "PRESETS": "ecp_lm.config", "ModelConfig": "ecp_lm.config",
             "generate": "ecp_lm.generation", "LanguageModel": "ecp_lm.model",
-            "build_model": "ecp_lm.model"}
+            "build_model": "ecp_lm.model", "prepare": "ecp_lm.api", "train": "ecp_lm.api",
+            "load": "ecp_lm.api", "Run": "ecp_lm.api"}
 
-__all__ = ["ARCHS", "PRESETS", "LanguageModel", "ModelConfig", "__version__", "build_model",
-           "generate"]
+__all__ = ["ARCHS", "PRESETS", "LanguageModel", "ModelConfig", "Run", "__version__",
+           "build_model", "generate", "load", "prepare", "train"]
 
 
 def __getattr__(name: str) -> object:

@@ -78,6 +78,11 @@ class ModelConfig:
     group_len: int | None = None
     """G: ``s2``'s group, causal attention within groups of G positions, half of the heads' shifted
     by G/2; even (default ECP's m = N/S, which then needs N divisible by S)."""
+    sink_tokens: int = 0
+    """k: attention sinks of ``sliding_window`` (and of a hybrid's sliding_window layers): every
+    query at position q also sees positions 0 .. k - 1 (those <= q) besides its window, as in
+    StreamingLLM; decoding keeps them in k slots of their own, never evicted. 0 (default): none.
+    Below ``window``; refused for a model without sliding_window layers."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -165,6 +170,7 @@ class ModelConfig:
                     f"{' and '.join(_users(old))}'s); set {new}={value} — configs saved by an "
                     f"earlier release are read with the old name")
         self._check_layers()
+        self._check_sinks()
         for name in OWN_SIZES:
             value = getattr(self, name)
             if value is not None and name not in own.sizes(self):
@@ -206,6 +212,20 @@ class ModelConfig:
                                      "of a hybrid (arch='hybrid' with a layer_pattern); set "
                                      "rope and rope_base for every layer")
 
+    def _check_sinks(self) -> None:
+        """``sink_tokens``: a non-negative integer, set only where a layer has a window (whose
+        own check bounds it by the window)."""
+        k = self.sink_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+            raise ValueError(f"sink_tokens={k!r} must be a non-negative integer")
+        if k and not any(architecture(a).takes_sink_tokens for a in self.layer_archs):
+            users = [a for a in ARCHS if architecture(a).takes_sink_tokens]
+            where = (f"arch={self.arch!r}" if self.layer_pattern is None
+                     else f"layer_pattern={self.layer_pattern!r} with n_layers={self.n_layers}")
+            raise ValueError(f"sink_tokens={k} is set, but {where} has no layer with a window "
+                             f"(sink tokens extend the window of {' and '.join(users)}); leave "
+                             "sink_tokens at 0")
+
     @property
     def layer_unit(self) -> list[str]:
         """The repeating unit of ``layer_archs``: ``layer_pattern``'s names, or ``arch``."""
@@ -222,9 +242,11 @@ class ModelConfig:
         """The config of a pure ``arch`` model with this one's shared fields and the sizes
         ``arch`` has (a hybrid's layer of that architecture computes what that model's layer
         does): the pattern, the global layers' RoPE and other patterns' sizes dropped."""
-        own = architecture(arch).size_fields
+        kind = architecture(arch)
+        own = kind.size_fields
         return dataclasses.replace(
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
+            sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
             **{name: None for name in OWN_SIZES if name not in own})
 
     # Derived sizes -------------------------------------------------------------------------
@@ -291,11 +313,7 @@ class ModelConfig:
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> ModelConfig:
-        data = yaml.safe_load(Path(path).read_text())
-        if not isinstance(data, dict):
-            raise ValueError(f"{path}: expected a mapping of ModelConfig fields, "
-                             f"got {type(data).__name__}")
-        return cls.from_dict(data)
+        return cls.from_dict(read_yaml_mapping(path, None, "a mapping of ModelConfig fields"))
 
     @classmethod
     def from_preset(cls, name: str, **overrides: Any) -> ModelConfig:
@@ -303,6 +321,40 @@ class ModelConfig:
         if name not in PRESETS:
             raise ValueError(f"unknown preset {name!r}; presets: {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+def read_yaml_mapping(path: str | Path, setting: str | None, expected: str) -> dict[str, Any]:
+    """The mapping that the YAML file ``path`` holds, else a one-line ValueError naming the file
+    (after ``setting``, the option or key that gave it, if any): missing, unreadable, not
+    UTF-8, not valid YAML (where), or not a mapping (``expected`` says what it should hold)."""
+    path = Path(path)
+    name = f"{setting} {path}" if setting else str(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ValueError(f"{name}: no such file") from None
+    except IsADirectoryError:
+        raise ValueError(f"{name} is a folder, not a YAML file") from None
+    except OSError as err:
+        raise ValueError(f"{name}: cannot read it ({err.strerror or err})") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{name} is not a UTF-8 YAML file (byte {err.start}: "
+                         f"{raw[err.start:err.start + 1]!r})") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{name} is not valid YAML: {yaml_problem(err)}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{name}: expected {expected}, got {type(data).__name__}")
+    return data
+
+
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """What is wrong in a YAML text and where (line, column), in one line."""
+    mark = getattr(err, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = getattr(err, "problem", None) or getattr(err, "reason", None) or str(err)
+    return " ".join(f"{problem}{where}".split())
 
 
 def tile_pattern(pattern: str, n_layers: int) -> list[str]:

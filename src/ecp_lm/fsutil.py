@@ -16,10 +16,16 @@ Readers that read several files call ``current_version`` once and read them all 
 folder it returns, so they see one version even while another process replaces ``out``.
 
 ``atomic_directory`` replaces only what is recognisably ours (``check_replaceable``): a missing
-``out``, an empty folder, a link to one of its own versions, or a real folder that the caller's
-``accept`` recognises as its own output of an earlier release (a checkpoint's ``meta.json``, a
-token cache's manifest). Anything else, a user's folder or a link to one, is refused with a
+``out``, an empty folder, a link to one of its own versions that holds the caller's kind of
+output (``accept``: a checkpoint's ``meta.json``, a token cache's manifest; a checkpoint is never
+replaced by an export), or a real folder that ``accept`` recognises as its own output of an
+earlier release. Anything else, a user's folder or a link to one, is refused with a
 ``ValueError`` before anything is written, and nothing is removed.
+
+A write that fails (a full disk, a read-only file system) raises ``WriteError``, an ``OSError``
+whose message is one line naming the path and the system's reason (``writing``), also when the
+library that wrote (torch, safetensors) wrapped the system's error in its own; the temporary
+folder is removed and ``out`` still names the previous version.
 
 Several processes, on several hosts sharing a file system, may build the same ``out`` at once.
 The short step that links a version and removes leftovers is serialised by an advisory lock
@@ -32,11 +38,13 @@ another host's leftovers are left for that host to remove.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
 import shutil
 import socket
+import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -80,9 +88,15 @@ def check_replaceable(out: Path, accept: Accept | None = None) -> None:
     to one of its own versions, or a real folder ``accept`` recognises."""
     out = Path(out)
     if out.is_symlink():
-        if _own_target(out) is None:
+        target = _own_target(out)
+        if target is None:
             raise ValueError(f"{out} is a link to {os.readlink(out)}, which ecp did not write; "
                              f"refusing to replace it")
+        # a version of another kind of output (a checkpoint, where an export was asked for)
+        if accept is not None and (held := _foreign_version(target, accept)) is not None:
+            raise ValueError(f"{out} holds {held}, another kind of output "
+                             f"than this command writes; refusing to replace it (choose "
+                             f"another folder)")
         return
     if not out.exists():
         return
@@ -91,6 +105,17 @@ def check_replaceable(out: Path, accept: Accept | None = None) -> None:
     if any(out.iterdir()) and not (accept is not None and accept(out)):
         raise ValueError(f"{out} holds {describe_entries(out)}, which ecp did not write; "
                          f"refusing to replace it (choose another folder)")
+
+
+def _foreign_version(target: Path, accept: Accept) -> str | None:
+    """What a version holds (``describe_entries``) when ``accept`` refuses it, else None. A
+    version that another writer replaced and removed meanwhile was ours: it is not foreign."""
+    try:
+        if not target.is_dir() or not any(target.iterdir()) or accept(target):
+            return None
+        return describe_entries(target)
+    except FileNotFoundError:
+        return None
 
 
 def describe_entries(folder: Path, limit: int = 3) -> str:
@@ -146,17 +171,87 @@ def file_mode() -> int:
 
 
 def write_bytes_atomic(path: Path, data: bytes) -> None:
-    """Write a file through a temporary sibling and a rename: readers see all of it or none."""
+    """Write a file through a temporary sibling and a rename: readers see all of it or none
+    (``WriteError`` if it cannot be written; the file is then as it was)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale(path)
-    tmp = _sibling(path, "tmp", _tag())
+    with writing(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale(path)
+        tmp = _sibling(path, "tmp", _tag())
+        try:
+            tmp.write_bytes(data)
+            os.replace(tmp, path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+
+class WriteError(OSError):
+    """An output could not be written (a full disk, a read-only file system, a folder without
+    write permission); its message is one line: the path and the system's reason. ``errno``
+    is the system's error number when it is known."""
+
+
+@contextmanager
+def writing(path: Path) -> Iterator[None]:
+    """Turn a failed write inside into a ``WriteError`` naming ``path``: an ``OSError``, or a
+    library's error that wraps one (torch.save's ``RuntimeError`` has it as its context when
+    torch writes through a Python file object; safetensors names it as ``(os error N)``).
+    Other errors pass unchanged, a ``ValueError`` too (a refusal, with its own message)."""
     try:
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
+        yield
+    except (WriteError, ValueError):
         raise
+    except Exception as err:
+        code, reason = system_error(err)
+        if reason is None:
+            raise
+        failed = WriteError(f"cannot write {path}: {reason}")
+        failed.errno = code
+        raise failed from err
+
+
+@contextmanager
+def out_of_room(path: Path) -> Iterator[None]:
+    """Inside work that reads as well as writes: a full disk, quota or read-only file system,
+    errors only a write meets, as a ``WriteError`` naming ``path``; every other error unchanged
+    (it may be a read's, whose own message names its file)."""
+    try:
+        yield
+    except WriteError:
+        raise
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        failed = WriteError(f"cannot write {path}: {err.strerror or err}")
+        failed.errno = err.errno
+        raise failed from err
+
+
+def system_error(err: BaseException) -> tuple[int | None, str | None]:
+    """(errno, reason) of the system error behind ``err``: an ``OSError`` in its chain of
+    causes, or the ``(os error N)`` a Rust library's message ends with; else (None, None)."""
+    seen: set[int] = set()
+    found: BaseException | None = err
+    while found is not None and id(found) not in seen:
+        seen.add(id(found))
+        if isinstance(found, OSError):
+            return found.errno, found.strerror or str(found)
+        if (match := re.search(r"\(os error (\d+)\)", str(found))) is not None:
+            return int(match.group(1)), os.strerror(int(match.group(1)))
+        found = found.__cause__ or found.__context__
+    return None, None
+
+
+def cannot_write(folder: Path) -> str | None:
+    """Why no file can be created in the existing ``folder`` (the system's reason: a read-only
+    file system, no permission), or None when one can. The probe is an unnamed temporary file,
+    so nothing is left behind, not even by a kill."""
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return None
+    except OSError as err:
+        return err.strerror or str(err)
 
 
 @contextmanager

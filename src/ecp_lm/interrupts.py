@@ -4,7 +4,9 @@ While a training loop runs, SIGINT (Ctrl-C) and SIGTERM (a scheduler's notice) o
 the loop reads it between optimiser steps, writes its checkpoint there and stops. So a checkpoint
 never holds a half-applied step, and resuming gives the same weights as an uninterrupted run. A
 second signal stops at once without saving; the previous checkpoint is kept (checkpoints are
-replaced atomically).
+replaced atomically). A validation, which may take minutes, is abandoned at its next batch
+(``AbandonedError``): the checkpoint of its step notes that it is still due, and a resumed run
+validates that step first, as an uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -27,6 +29,10 @@ class Interrupted(KeyboardInterrupt):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+class AbandonedError(Exception):
+    """Work that a stop request cut short between two of its batches (a validation)."""
 
 
 class StopRequest:

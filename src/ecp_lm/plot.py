@@ -1,4 +1,5 @@
-"""Learning curves from training runs, and loss against position from ``ecp eval --per-position``.
+"""Learning curves from training runs, and loss against position from ``ecp eval --per-position``,
+as PNG, PDF, SVG or JPEG: the format the output's suffix names (``FORMATS``).
 
 A run folder holds ``metrics.jsonl`` (one JSON object per line, appended during training, with
 ``kind`` "train" or "valid") and optionally ``config.yaml`` whose ``model.arch`` names the
@@ -18,19 +19,30 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
-import yaml
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.ticker import EngFormatter, NullLocator, ScalarFormatter
 
+from ecp_lm.config import read_yaml_mapping
 from ecp_lm.fsutil import write_bytes_atomic
 from ecp_lm.outputs import PNG_METADATA, check_file, is_png_plot
 
 KINDS = ("train", "valid")
 X_LABELS = {"tokens": "training tokens", "step": "optimizer step"}
+
+
+def read_text(path: Path) -> str:
+    """``path``'s text, else a ValueError naming it (not UTF-8: where)."""
+    raw = path.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path} is not UTF-8 text (byte {err.start}: "
+                         f"{raw[err.start:err.start + 1]!r})") from None
 
 
 def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
@@ -40,7 +52,7 @@ def read_metrics(run_dir: str | Path) -> dict[str, list[dict]]:
         raise ValueError(f"run folder {run_dir} does not exist")
     if not path.is_file():
         raise ValueError(f"{path} does not exist")
-    lines = [(n, s) for n, s in enumerate(path.read_text().splitlines(), 1) if s.strip()]
+    lines = [(n, s) for n, s in enumerate(read_text(path).splitlines(), 1) if s.strip()]
     by_step: dict[str, dict[int, dict]] = {kind: {} for kind in KINDS}
     for i, (lineno, text) in enumerate(lines):
         try:
@@ -65,8 +77,8 @@ def run_label(run_dir: str | Path) -> str:
     config_path = run_dir / "config.yaml"
     if not config_path.is_file():
         return name
-    config = yaml.safe_load(config_path.read_text())
-    model = config.get("model") if isinstance(config, dict) else None
+    config = read_yaml_mapping(config_path, None, "a run config")
+    model = config.get("model")
     arch = model.get("arch") if isinstance(model, dict) else None
     return f"{name} ({arch})" if arch and arch != name else name
 
@@ -87,7 +99,7 @@ def plot_runs(
         raise ValueError(f"x={x!r} is not one of {sorted(X_LABELS)}")
     if not run_dirs:
         raise ValueError("no run folders given")
-    check_file(out, "--out", is_png_plot)
+    check_figure_path(out, "--out")
     runs = [(run_label(d), read_metrics(d)) for d in run_dirs]
     has_bpb = any(r.get("bits_per_byte") is not None for _, m in runs for r in m["valid"])
 
@@ -118,7 +130,7 @@ def plot_runs(
     handles += [Line2D([], [], color="grey", lw=0.8), Line2D([], [], color="grey", marker="o")]
     labels = [label for label, _ in runs] + ["train", "valid"]
     fig.legend(handles, labels, loc="outside right upper", fontsize="small")
-    return save_png(fig, out)
+    return save_figure(fig, out)
 
 
 PER_POSITION = "per_position"
@@ -132,7 +144,7 @@ def read_per_position(path: str | Path) -> dict:
         what = "is a folder, not" if path.is_dir() else "does not exist: no"
         raise ValueError(f"{path} {what} a per-position report (ecp eval --per-position)")
     try:
-        report = json.loads(path.read_text())
+        report = json.loads(read_text(path))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
     if not isinstance(report, dict) or report.get("kind") != PER_POSITION:
@@ -161,7 +173,7 @@ def plot_per_position(files: Sequence[str | Path], out: str | Path,
     the segment length m and 2m of each report that has one."""
     if not files:
         raise ValueError("no per-position files given")
-    check_file(out, "--out", is_png_plot)
+    check_figure_path(out, "--out")
     reports = [(path, read_per_position(path)) for path in files]
     labels = [per_position_label(report, path) for path, report in reports]
     for i, label in enumerate(labels):
@@ -193,7 +205,7 @@ def plot_per_position(files: Sequence[str | Path], out: str | Path,
     ax.grid(alpha=0.3)
     fig.legend(handles + [h for h, _ in marks], labels + [text for _, text in marks],
                loc="outside right upper", fontsize="small")
-    return save_png(fig, out)
+    return save_figure(fig, out)
 
 
 def _segment_marks(ax, reports: list[dict], labels: list[str]) -> list[tuple[Line2D, str]]:
@@ -213,10 +225,66 @@ def _segment_marks(ax, reports: list[dict], labels: list[str]) -> list[tuple[Lin
     return entries
 
 
-def save_png(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
-    """Render the PNG in memory, tagged as ecp-lm's (``outputs.is_png_plot``), and write it
-    atomically: readers never see half a file."""
+FORMATS = {".png": "png", ".pdf": "pdf", ".svg": "svg", ".jpg": "jpeg", ".jpeg": "jpeg"}
+"""The figure files ``ecp plot`` writes, by suffix, in the format the suffix names."""
+MARK = PNG_METADATA["Software"]
+"""What every figure ecp writes carries as its PNG Software text, PDF and SVG Creator, JPEG
+comment, by which ``is_own_figure`` recognises it."""
+OWN = {"pdf": (b"%PDF", rb"/Creator \(ecp-lm "), "jpeg": (b"\xff\xd8", rb"\xff\xfe..ecp-lm "),
+       "svg": (b"<?xml", rb"<dc:creator>\s*<cc:Agent>\s*<dc:title>ecp-lm ")}
+"""Per format: how the file starts, and the pattern of ``MARK`` as that format stores it."""
+
+
+def figure_format(out: str | Path, option: str = "--out") -> str:
+    """The format ``out``'s suffix names, else ValueError naming ``option`` and the suffixes
+    there are."""
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        what = f"suffix {Path(out).suffix}" if suffix else "no suffix"
+        raise ValueError(f"{option} {out} has {what}; the suffix names the figure's format: "
+                         f"{', '.join(FORMATS)}")
+    return FORMATS[suffix]
+
+
+def is_own_figure(path: Path) -> bool:
+    """A figure ecp wrote in the format of ``path``'s suffix (a PNG also when an earlier
+    release or matplotlib wrote it, ``outputs.is_png_plot``)."""
+    fmt = FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        return False
+    if fmt == "png":
+        return is_png_plot(path)
+    try:
+        if path.stat().st_size > 64 << 20:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    start, mark = OWN[fmt]
+    return data.startswith(start) and re.search(mark, data, re.DOTALL) is not None
+
+
+def check_figure_path(out: str | Path, option: str = "--out") -> Path:
+    """A figure output, checked before any work: not a folder, not over a file that is not an
+    ecp figure, its folder can be made (``outputs.check_file``), a suffix ``FORMATS`` knows."""
+    path = check_file(out, option, is_own_figure)
+    figure_format(out, option)
+    return path
+
+
+def save_figure(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
+    """Render ``fig`` in memory in the format ``out``'s suffix names (``FORMATS``), tagged as
+    ecp-lm's (``is_own_figure``), and write it atomically: readers never see half a file."""
+    fmt = figure_format(out)
+    tag = {"png": {"metadata": PNG_METADATA}, "jpeg": {"pil_kwargs": {"comment": MARK}}}
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi, metadata=PNG_METADATA)
+    fig.savefig(buffer, format=fmt, dpi=dpi, **tag.get(fmt, {"metadata": {"Creator": MARK}}))
     write_bytes_atomic(Path(out), buffer.getvalue())
     return Path(out)
+
+
+def save_png(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
+    """``save_figure`` for the ``.png`` files the experiments name."""
+    if figure_format(out, "out") != "png":
+        raise ValueError(f"save_png: {out} is not a .png path")
+    return save_figure(fig, out, dpi)

@@ -76,18 +76,18 @@ def test_default_chunk_lengths(script):
     assert script.default_chunk_lens(32, 4) == [8, 32, 128, 256]  # 4m = N
 
 
-def test_the_readme_quotes_the_recorded_table(script):
-    """The README's table is the script's table of its recorded JSON, row for row."""
+def test_the_performance_page_quotes_the_recorded_table(script):
+    """The performance page's table is the script's table of its recorded JSON, row for row."""
     root = SCRIPT.parents[1]
     report = json.loads((root / "benchmarks/results/stream_chunks_cpu.json").read_text())
     rows = script.format_table(report["results"], report["meta"]["config"]["seq_len"])
-    readme = (root / "README.md").read_text()
+    page = (root / "docs" / "performance.md").read_text()
     for line in rows.splitlines():
         if line.startswith("|"):
-            assert line in readme, line
+            assert line in page, line
     dense = [r for r in report["results"] if r["path"] == "dense"][-1]
     kernel = [r for r in report["results"] if r["path"] == "kernel"][-1]
-    assert f"{dense['ms_per_token'] / kernel['ms_per_token']:.1f}× slower" in readme
-    assert f"{dense['peak_bytes'] / kernel['peak_bytes']:.1f}× the peak memory" in readme
+    assert f"{dense['ms_per_token'] / kernel['ms_per_token']:.1f}× slower" in page
+    assert f"{dense['peak_bytes'] / kernel['peak_bytes']:.1f}× the peak memory" in page
     first = {r["path"]: r["ms_per_token"] for r in report["results"][:2]}  # C = m
-    assert f"{first['kernel'] / first['dense'] - 1:.0%} slower than the dense one" in readme
+    assert f"{first['kernel'] / first['dense'] - 1:.0%} slower than the dense one" in page

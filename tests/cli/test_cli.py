@@ -91,7 +91,7 @@ def test_no_command_prints_help_and_exits_2(capsys: pytest.CaptureFixture) -> No
 
 def test_plot_command(tmp_path, capsys):
     from ecp_lm.cli import main as cli_main
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
     from helpers import tiny_run_config
 
     train(tiny_run_config(tmp_path, steps=2), tmp_path / "run", progress=False)

@@ -15,7 +15,7 @@ import torch
 from ecp_lm import generation
 from ecp_lm.cli import main
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import tiny_run_config
 
 COMPILE_SECONDS = 1.0

@@ -11,7 +11,7 @@ import yaml
 
 from ecp_lm.cli import build_parser, main
 from ecp_lm.run.config import RunConfig
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import tiny_run_config
 
 
@@ -58,6 +58,10 @@ def test_a_stray_token_is_a_usage_error_of_train(capsys):
     (["generate", "--ckpt", "x", "--prompt", "a", "--top-k", "many"], "generate", "--top-k"),
     (["bench", "--precision", "fp8"], "bench", "'fp8'"),
     (["bench", "--bogus"], "bench", "--bogus"),
+    (["export", "--ckpt", "x", "--out", "a", "--out", "b"], "export",
+     "argument --out: given twice (--out a and --out b)"),
+    (["data", "prepare", "text", "--out", "a", "--path", "p", "--out=b"], "data prepare",
+     "argument --out: given twice (--out a and --out b)"),
 ])
 def test_usage_errors_name_the_subcommand(capsys, argv, command, fragment):
     assert fragment in usage_error(capsys, argv, command)

@@ -39,6 +39,10 @@ def test_text_source_with_split_files(capsys, tmp_path):
     (["data", "prepare", "enwik8"], "needs --path"),
     (["data", "prepare", "text", "--path", "/nonexistent.txt"], "does not exist"),
     (["data", "prepare", "scifar10"], "cifar-10-batches-py"),
+    (["data", "prepare", "text", "--path", "/nonexistent.txt", "--split", "nan,0.5,0.5"],
+     "--split nan,0.5,0.5: nan is not a fraction"),
+    (["data", "prepare", "text", "--path", "/nonexistent.txt", "--variant", "raw"],
+     "--variant raw"),
 ])
 def test_errors_are_one_line_exit_2(capsys, argv, message):
     code, _, err = run(capsys, *argv)
@@ -53,3 +57,22 @@ def test_bad_tokenizer_file_exit_2(capsys, wikitext, tmp_path):
                        "--tokenizer", str(bad), "--out", str(tmp_path / "c"), "--quiet")
     assert code == 2 and "vocab.tiktoken" in err and err.count("\n") == 1
     assert not (tmp_path / "c").exists()
+
+
+def test_same_file_in_two_splits_exit_2(capsys, tmp_path):
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("some text line\n" * 60)
+    for argv in (["--path", corpus, "--path", corpus],
+                 ["--train", corpus, "--valid", corpus, "--test", corpus]):
+        code, out, err = run(capsys, "data", "prepare", "text", *map(str, argv), "--out",
+                             str(tmp_path / "c"), "--quiet")
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert f"{corpus} is given twice" in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt"]
+
+
+def test_info_on_a_manifest_that_is_not_utf8_names_it(capsys, tmp_path):
+    (tmp_path / "manifest.json").write_bytes(b'{"format": "\xff"}')
+    code, out, err = run(capsys, "data", "info", str(tmp_path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{tmp_path / 'manifest.json'} is unreadable" in err

@@ -1,6 +1,6 @@
-"""The share of sympy-code's splits that Study II's slices cover, as the README and
-docs/results.md quote it: counted from the corpus's own document index (marked
-``integration``: the corpus is fetched through the package registry)."""
+"""The share of sympy-code's splits that Study II's slices cover, as the evidence page
+(docs/evidence.md) and the archive (docs/results.md) quote it: counted from the corpus's own
+document index (marked ``integration``: the corpus is fetched through the package registry)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def test_quoted_coverage():
         return f"{c['documents']} of its {c['of']} documents, {c['share']:.0%} of"
 
     results = (ROOT / "docs" / "results.md").read_text()
-    readme = (ROOT / "README.md").read_text()
+    evidence = (ROOT / "docs" / "evidence.md").read_text()
     assert f"(first 256 KiB: {quoted('valid')}\nits bytes)" in results
     assert f"first 256 KiB of the test split\n({quoted('test')} its bytes)" in results
-    assert f"first 256 KiB of the test split ({quoted('test')} its bytes)" in readme
+    assert f"first 256 KiB of the test split ({quoted('test')} its bytes)" in evidence

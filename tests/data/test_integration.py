@@ -74,13 +74,14 @@ def test_demo_end_to_end(tmp_path, capsys):
     from ecp_lm.experiments.demo import format_result, run_demo
 
     fetched(lambda: open_source("enwiki-mini"))
-    result = run_demo(tmp_path / "demo", steps=3, progress=False)
+    result = run_demo(tmp_path / "demo", steps=3, progress=False, max_eval_tokens=4096)
     assert [r["arch"] for r in result["rows"]] == ["ecp", "perceiver_ar"]
     assert result["rows"][0]["params"] == result["rows"][1]["params"]
     assert result["rows"][0]["tokens_scored"] == result["rows"][1]["tokens_scored"]
     assert (tmp_path / "demo" / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
     assert "bits/byte" in format_result(result) and result["sample"]
-    again = run_demo(tmp_path / "demo", steps=3, progress=False)  # resumes: nothing to train
+    again = run_demo(tmp_path / "demo", steps=3, progress=False, max_eval_tokens=4096)
+    # resumed: nothing to train
     assert [r["train_seconds"] for r in again["rows"]] == [0.0, 0.0]
 
 

@@ -44,13 +44,14 @@ def test_enwik8_split_90_5_5(enwik8):
 
 
 def test_text_by_fraction_and_by_file(tmp_path):
-    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a, b, c = tmp_path / "a.txt", tmp_path / "b.txt", tmp_path / "c.txt"
     a.write_text("alpha\n" * 50)
     b.write_text("omega\n" * 50)  # same size as a
+    c.write_text("gamma\n" * 10)
     by_fraction = open_source("text", paths=[a, b], fractions=(0.5, 0.25, 0.25))
     assert b"".join(joined(by_fraction, s) for s in SPLITS) == a.read_bytes() + b.read_bytes()
     assert joined(by_fraction, "train") == a.read_bytes()
-    by_file = open_source("text", splits={"train": a, "valid": b, "test": b})
+    by_file = open_source("text", splits={"train": a, "valid": b, "test": c})
     assert joined(by_file, "valid") == b.read_bytes()
 
 
@@ -100,3 +101,33 @@ def test_bad_names_and_fractions(tmp_path):
         open_source("text", paths=[tmp_path / "a.txt"], fractions=(0.5, 0.5, 0.5))
     with pytest.raises(ValueError, match="needs data.path"):
         open_source("enwik8")
+
+
+def test_a_file_given_twice_is_refused(tmp_path):
+    """Its text would be in two splits (valid or test inside train), or twice in one."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    a, b, c = (folder / f"{n}.txt" for n in "abc")
+    for i, path in enumerate((a, b, c)):
+        path.write_text(f"text {i}\n" * 40)
+    for paths in ([a, a], [a, tmp_path / "corpus" / ".." / "corpus" / "a.txt"], [folder, b]):
+        with pytest.raises(ValueError, match=r"is given twice .*two splits"):
+            open_source("text", paths=paths)
+    with pytest.raises(ValueError, match=r"a\.txt is given twice \(train .*; valid "):
+        open_source("text", splits={"train": a, "valid": a, "test": b})
+    (tmp_path / "v.txt").write_text("v\n")
+    with pytest.raises(ValueError, match=r"b\.txt is given twice \(train .*corpus; test "):
+        open_source("text", splits={"train": folder, "valid": tmp_path / "v.txt", "test": b})
+    with pytest.raises(ValueError, match="not both"):
+        open_source("text", a, splits={"train": a, "valid": b, "test": c})
+
+
+@pytest.mark.parametrize("fractions, message", [
+    ((float("nan"), 0.5, 0.5), "must be three finite numbers"),
+    ((float("inf"), 0.0, 0.0), "must be three finite numbers"),
+    ((1.0, 0.0, 0.0), "give the valid split none of the"),
+    ((0.5, 0.49999, 0.00001), "give the test split none of the 200 bytes")])
+def test_fractions_that_leave_a_split_without_text(tmp_path, fractions, message):
+    (tmp_path / "a.txt").write_text("x\n" * 100)
+    with pytest.raises(ValueError, match=message):
+        open_source("text", paths=[tmp_path / "a.txt"], fractions=fractions)

@@ -56,6 +56,9 @@ def test_bpe_vocab_size_and_kind(bpe):
     assert bpe.vocab_size == 400
     with pytest.raises(ValueError, match="vocab_size=200"):
         train_bpe(["abc"], vocab_size=200)
+    # the trainer allocates for the request before reading text: 10**10 aborted the process
+    with pytest.raises(ValueError, match="vocab_size=10000000000 .* to 1,048,576"):
+        train_bpe(["abc"], vocab_size=10**10)
 
 
 def test_raw_non_utf8_bytes(bpe):

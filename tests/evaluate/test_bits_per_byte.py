@@ -14,7 +14,7 @@ from ecp_lm.data.sources import open_source
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
 from ecp_lm.evaluate.scoring import scored_text
 from ecp_lm.run.config import RunConfig
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import TINY
 
 # U+FB01 and U+FB00 are 3 UTF-8 bytes each; NFKC turns them into "fi" and "ff". With one space or

@@ -9,7 +9,7 @@ import pytest
 
 from ecp_lm.cli import main
 from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import tiny_run_config, write_corpus
 
 

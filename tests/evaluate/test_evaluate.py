@@ -15,7 +15,7 @@ from ecp_lm.data.batches import eval_windows
 from ecp_lm.data.cache import prepare
 from ecp_lm.data.sources import open_source
 from ecp_lm.evaluate.scoring import lm_report, score_stream, scored_text
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import random_tokens, tiny_config, tiny_run_config
 
 
@@ -52,8 +52,9 @@ def test_bigram_nll_is_exact(num_tokens, seq_len, stride):
 
 def test_report_normalisations(tmp_path):
     text = b"one two\nthree four five\nsix"
-    (tmp_path / "t.txt").write_bytes(text)
-    source = open_source("text", splits={s: str(tmp_path / "t.txt") for s in
+    for s in ("train", "valid", "test"):  # one file in two splits is refused
+        (tmp_path / f"{s}.txt").write_bytes(text)
+    source = open_source("text", splits={s: str(tmp_path / f"{s}.txt") for s in
                                          ("train", "valid", "test")})
     cache = prepare(source, "bytes", out=tmp_path / "cache", progress=False)
     scored = scored_text(cache, "valid", 3, len(text))  # seq_len=4, stride=2: from index 3

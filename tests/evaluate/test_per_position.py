@@ -234,7 +234,7 @@ def test_cli_seq_len_standard_protocol_for_ecp(runs, capsys):
                               "--seq-len", 64, "--max-tokens", 500, "--json", "--quiet")
     assert code == 0
     report = json.loads(stdout)
-    stride = min(64 // 2, 16)  # min(T/2, l) with the run's l = N/2 = 16
+    stride = min(64 // 2, 16 * 64 // 32)  # min(T/2, l·T/N) with the run's l = N/2 = 16
     assert report["seq_len"] == 64 and report["stride"] == stride
     model, tokens = checkpoint_and_tokens(runs["ecp"])
     nll, count = score_stream(model, tokens[:500], 64, stride, batch_size=4)

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from ecp_lm.experiments.evidence.anneal import annealed_curve, branch, wsd_config
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import run_child, tiny_run_config
 
 POINTS, FRACTION = (4, 8), 0.25  # decays of 1 and 2 steps: branches at steps 3 and 6

@@ -54,7 +54,10 @@ HYBRIDS: dict[str, dict] = {
 }
 CASES: dict[str, dict] = {**{arch: dict(arch=arch) for arch in ARCHS},
                           **{name: dict(arch="hybrid", **fields_) for name, fields_ in
-                             HYBRIDS.items()}}
+                             HYBRIDS.items()},
+                          # attention sinks: a cache of w + k slots, through config.json
+                          "sliding_window sink_tokens=3": dict(arch="sliding_window",
+                                                               sink_tokens=3)}
 """Every architecture by its name, and the hybrids by their pattern: ``sharp_model`` keywords."""
 
 
@@ -278,6 +281,22 @@ def test_export_refuses_a_classifier_and_bad_paths(tmp_path, capsys):
     assert not (tmp_path / "hf").exists()
     with pytest.raises(ValueError, match="not a causal language model"):
         EcpLmForCausalLM(EcpLmConfig(num_classes=3))
+
+
+@pytest.mark.parametrize("keep", [0.005, 0.9], ids=["header", "tensors"])
+def test_a_truncated_export_is_one_error_naming_the_file(tmp_path, keep):
+    """from_pretrained (ours: EcpLmForCausalLM's, also under trust_remote_code) of an export
+    whose model.safetensors was cut short: one ValueError naming the file, not safetensors'
+    error from inside transformers."""
+    export_checkpoint(write_checkpoint(tmp_path / "ckpt", sharp_model("ecp")), tmp_path / "hf")
+    weights = tmp_path / "hf" / "model.safetensors"
+    with open(weights, "r+b") as f:  # a copy cut short (the export's own version is replaced
+        f.truncate(int(keep * weights.stat().st_size))  # atomically, never truncated)
+    for remote in (False, True):
+        with pytest.raises(ValueError) as caught:
+            load(tmp_path / "hf", trust_remote_code=remote)
+        message = str(caught.value)
+        assert str(weights) in message and "truncated" in message and "\n" not in message
 
 
 def test_config_maps_model_config_one_to_one():

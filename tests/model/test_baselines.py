@@ -94,24 +94,27 @@ def reach_after(arch: str, cfg: ModelConfig, q: int) -> int:
 
 
 @pytest.mark.parametrize(("arch", "sizes"), [
-    ("sliding_window", dict(window=5)), ("block_local", {}), ("block_local", dict(block_len=5)),
-    ("s2", {}), ("s2", dict(group_len=6))])
+    ("sliding_window", dict(window=5)), ("sliding_window", dict(window=5, sink_tokens=2)),
+    ("block_local", {}), ("block_local", dict(block_len=5)), ("s2", {}),
+    ("s2", dict(group_len=6))])
 @pytest.mark.parametrize("n_layers", [1, 3])
 def test_receptive_field_by_perturbation(arch, sizes, n_layers):
     """Output p depends on input t exactly when reach_after(p) <= t <= p: sliding_window
     L·(w - 1) positions back, block_local its own block at any depth, s2 about G/2 per layer
-    (sizes set, or their defaults from N and S)."""
+    (sizes set, or their defaults from N and S); and, with k attention sinks, when t < k <= p
+    too (the sinks see only positions below k)."""
     model = sharp_model(arch, n_layers=n_layers, **sizes)
     t_len = 3 * N
     tokens = random_tokens(1, t_len)
     with torch.no_grad():
         base = model(tokens)[0]
-        for t in range(0, t_len, 5):
+        for t in [*range(0, t_len, 5), 1]:
             changed = tokens.clone()
             changed[0, t] = (changed[0, t] + 1) % VOCAB
             diff = (model(changed)[0] - base).abs().amax(dim=-1)
             for p in range(t_len):
-                depends = reach_after(arch, model.cfg, p) <= t <= p
+                sink = t < sizes.get("sink_tokens", 0) and t <= p
+                depends = reach_after(arch, model.cfg, p) <= t <= p or sink
                 assert (diff[p] > 1e-6) == depends, (arch, n_layers, t, p, float(diff[p]))
 
 

@@ -29,9 +29,14 @@ RING_CACHED = {
     "hybrid(ecp,transformer)": ("hybrid", dict(layer_pattern="ecp,transformer", **BOUNDED)),
     "hybrid(sliding_window,block_local,s2,ecp)": (
         "hybrid", dict(layer_pattern="sliding_window,block_local,s2,ecp", n_layers=4, **SMALL)),
+    # attention sinks: a ring of w = 7 and 3 sink slots, the sinks read from their own slots
+    "sliding_window+sinks": ("sliding_window", dict(sink_tokens=3, **SMALL)),
+    "hybrid(sliding_window,ecp)+sinks": (
+        "hybrid", dict(layer_pattern="sliding_window,ecp", sink_tokens=2, **SMALL)),
 }
 """Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
 LOCAL = [name for name, (_, overrides) in RING_CACHED.items() if overrides is SMALL]
+"""The local ones without sinks: they also run a window at any offset (sinks start at 0)."""
 
 
 def ring_model(name: str, **overrides):

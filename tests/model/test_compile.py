@@ -48,7 +48,7 @@ def test_compiled_training_equals_eager(tmp_path):
     """train.compile (inductor, fullgraph: a graph break would fail the run) logs the losses of
     the eager run, step for step."""
     from ecp_lm.plot import read_metrics
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
     from helpers import tiny_run_config
 
     losses = []
@@ -105,7 +105,7 @@ def test_a_compiled_step_that_cannot_train_is_refused_before_tracing(tmp_path):
     before torch.compile traces anything (its error would name a graph break instead)."""
     from torch._dynamo.utils import counters
 
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
     from helpers import tiny_run_config
 
     cfg = tiny_run_config(tmp_path, steps=2, compile=True, overrides=["model.attn_impl=flex"])

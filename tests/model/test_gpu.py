@@ -52,7 +52,7 @@ def test_cuda_cached_generation(arch):
 
 
 def test_cuda_bf16_training_step(tmp_path):
-    from ecp_lm.train.loop import train
+    from ecp_lm.training.loop import train
     from helpers import tiny_run_config
 
     cfg = tiny_run_config(tmp_path, "ecp", ["train.device=cuda"], steps=3)

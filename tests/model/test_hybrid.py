@@ -20,7 +20,7 @@ from ecp_lm.model import model as skeleton
 from ecp_lm.model.cache import decode_span
 from ecp_lm.model.kernels import choose_kernel
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import (
     TINY,
     decode_three_ways,

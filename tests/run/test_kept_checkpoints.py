@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train import loop as loop_module
-from ecp_lm.train.loop import train
+from ecp_lm.training import loop as loop_module
+from ecp_lm.training.loop import train
 from helpers import run_cli, tiny_run_config
 
 

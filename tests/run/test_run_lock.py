@@ -19,7 +19,7 @@ import torch
 from ecp_lm.cli import main
 from ecp_lm.fsutil import current_version, remove_directory
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import tiny_run_config
 
 

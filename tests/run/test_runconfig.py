@@ -37,6 +37,10 @@ def test_yaml_round_trip(tmp_path):
     ("lr=3", "not of the form section.key=value"),
     ("model.d_model=66", "d_model=66 is not divisible by n_heads=4"),
     ("train.schedule=linear", "train.schedule='linear'"),
+    ("train.seed=-1", "train.seed=-1 must be from 0 to 4294967295"),
+    ("train.seed=4294967296", "train.seed=4294967296"),
+    ("data.bpe_vocab_size=256", "data.bpe_vocab_size=256 must be an integer from 257"),
+    ("data.bpe_vocab_size=10000000", "data.bpe_vocab_size=10000000 .* 1,048,576"),
 ])
 def test_bad_overrides(override, message):
     with pytest.raises(ValueError, match=message) as err:
@@ -58,3 +62,18 @@ def test_help_documents_every_key():
     for key in ("model.num_segments", "data.tokenizer", "train.grad_accum", "train.fsdp"):
         assert key in text
     assert "Micro-batches per optimiser step" in text
+
+
+def test_seed_bounds_that_train():
+    assert RunConfig.load("tiny", ["train.seed=4294967295"]).train.seed == 2**32 - 1
+    assert RunConfig.load("tiny", ["train.seed=0"]).train.seed == 0
+
+
+def test_unreadable_yaml_names_the_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_bytes(b"model:\n  arch: ecp\xff\n")
+    with pytest.raises(ValueError, match=f"{path} is not a UTF-8 YAML file"):
+        RunConfig.load(str(path))
+    path.write_text("model: [\n")
+    with pytest.raises(ValueError, match=f"{path} is not valid YAML: .* line"):
+        RunConfig.load(str(path))

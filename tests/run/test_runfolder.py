@@ -11,7 +11,7 @@ import torch
 from ecp_lm.cli import main
 from ecp_lm.plot import read_metrics
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train, train_or_resume
+from ecp_lm.training.loop import train, train_or_resume
 from helpers import tiny_run_config
 
 
@@ -110,7 +110,7 @@ def test_train_or_resume_after_a_kill_before_the_first_checkpoint(tmp_path):
 
 @pytest.mark.parametrize("with_checkpoint", [False, True], ids=["none-yet", "kept"])
 def test_a_second_ctrl_c_says_what_is_kept(tmp_path, capsys, monkeypatch, with_checkpoint):
-    import ecp_lm.train.loop
+    import ecp_lm.training.loop
     from ecp_lm.interrupts import Interrupted
 
     cfg = tiny_run_config(tmp_path, steps=2)
@@ -123,7 +123,7 @@ def test_a_second_ctrl_c_says_what_is_kept(tmp_path, capsys, monkeypatch, with_c
     def stopped_at_once(*args, **kwargs):  # a second Ctrl-C: no checkpoint on the way out
         raise Interrupted(2, None)
 
-    monkeypatch.setattr(ecp_lm.train.loop, "train", stopped_at_once)
+    monkeypatch.setattr(ecp_lm.training.loop, "train", stopped_at_once)
     argv = ["train", "--config", str(path), "--out", str(out), "--quiet", "--resume"]
     assert main(argv) == 130
     err = capsys.readouterr().err

@@ -13,7 +13,7 @@ from ecp_lm import build_model
 from ecp_lm.cli import main
 from ecp_lm.model import model as lm
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import TINY, random_tokens, spawn_ranks, tiny_config, tiny_run_config
 
 LAYERS, DROPOUT = 3, 0.2

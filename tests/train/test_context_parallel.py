@@ -15,7 +15,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from ecp_lm.model.context_parallel import ContextGroup, average_gradients
 from ecp_lm.model.loss import next_token_loss
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import free_port, random_tokens, sharp_model, tiny_run_config
 
 BATCH, STEPS = 2, 3

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from ecp_lm import build_model
-from ecp_lm.train import loop as train_module
+from ecp_lm.training import loop as train_module
 from helpers import free_port, tiny_run_config
 
 WORLD, STEPS = 4, 2

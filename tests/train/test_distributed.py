@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train
+from ecp_lm.training.loop import train
 from helpers import spawn_ranks, tiny_run_config
 
 STEPS, BATCH = 3, 2  # per rank; one process takes 2 * BATCH

@@ -13,8 +13,8 @@ import pytest
 
 from ecp_lm.run import checkpoint as checkpoint_module
 from ecp_lm.run.config import RunConfig
-from ecp_lm.train.loop import train
-from helpers import run_cli, tiny_run_config
+from ecp_lm.training.loop import train
+from helpers import in_namespace, run_cli, tiny_run_config, tree_hashes
 
 
 def records(run_dir: Path, kind: str) -> dict[int, dict]:
@@ -66,6 +66,25 @@ def test_a_resume_shows_each_step_once_in_tensorboard(tmp_path, monkeypatch):
     assert [step for step, _ in shown] == [1, 2, 3, 4]
     assert [v for _, v in shown] == pytest.approx([logged[s]["loss"] for s in (1, 2, 3, 4)])
     assert [s for s, _ in board_scalars(run, "valid/loss")] == [2, 4]
+
+
+@pytest.mark.parametrize("mode", ["resume", "force"])
+def test_an_unwritable_tensorboard_folder_is_one_line_before_training(tmp_path, mode):
+    """A read-only tensorboard/ (not even root can write it) is found before any work, not by
+    TensorBoard's writer thread once training runs, and with --force before the run is
+    removed: the run stays as it was."""
+    pytest.importorskip("tensorboard")
+    cfg = tiny_run_config(tmp_path, steps=4, logger="tensorboard")
+    cfg.to_yaml(tmp_path / "run.yaml")
+    train(cfg, tmp_path / "run", progress=False, stop_at=2)
+    before = tree_hashes(tmp_path / "run")
+    option = "--resume" if mode == "resume" else "--force"
+    done = in_namespace("mount --bind -o ro run/tensorboard run/tensorboard && "
+                        f"$ECP train --config run.yaml --out run {option} --quiet", tmp_path)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert "Traceback" not in done.stderr and "Exception in thread" not in done.stderr
+    assert "train.logger=tensorboard" in done.stderr and "run/tensorboard" in done.stderr
+    assert tree_hashes(tmp_path / "run") == before
 
 
 def test_logger_none_writes_no_tensorboard(tmp_path):

@@ -14,7 +14,7 @@ from ecp_lm.plot import read_metrics
 from ecp_lm.run import checkpoint as checkpoint_module
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import TrainConfig
-from ecp_lm.train.loop import TrainingDivergedError, lr_at, train
+from ecp_lm.training.loop import TrainingDivergedError, lr_at, train
 from helpers import tiny_run_config
 
 

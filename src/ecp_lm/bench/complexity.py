@@ -11,7 +11,8 @@ compressed_double's later layers hold p compressed history rows instead of h. Tw
 ``tile_entries``
     the research's convention: every query block is scored against its whole key block, causal
     triangles counted in full (ECP: (2S - 1)·m² per layer, i.e. (2S - 1)/S² of full attention;
-    sliding_window: blocks of w queries against their previous block and themselves; block_local
+    sliding_window: blocks of w queries against their previous block and themselves, and with
+    k attention sinks every block after the first against the k sink columns too; block_local
     and s2: the square of each block of b, each group of G).
 
 A hybrid (``arch="hybrid"``, SPEC §3c) costs the sum of its layers': each layer is counted as the
@@ -72,6 +73,10 @@ class AttentionCost:
     """Block-tile convention: each query block against its whole key block."""
     layer_pattern: str | None = None
     """A hybrid's ``layer_pattern`` (None for a pure architecture)."""
+    sink_tokens: int = 0
+    """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
+    and in the tiles as one more key block of k columns for every block of w queries after the
+    first."""
 
     @property
     def layer_archs(self) -> list[str]:
@@ -160,7 +165,8 @@ def attention_cost(cfg: ModelConfig) -> AttentionCost:
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
         **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
-        tile_entries_per_layer=tuple(t for _, t in per_layer), layer_pattern=cfg.layer_pattern)
+        tile_entries_per_layer=tuple(t for _, t in per_layer), layer_pattern=cfg.layer_pattern,
+        sink_tokens=cfg.sink_tokens)
 
 
 def hybrid_label(pattern: str) -> str:
@@ -201,6 +207,8 @@ def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str],
             for name in OWN_SIZES:  # each sizes one pattern only: dropped for the others
                 if name not in used:
                     own.pop(name, None)
+            if not any(architecture(name).takes_sink_tokens for name in names):
+                own.pop("sink_tokens", None)  # sinks extend a window: none without one
             cfg = ModelConfig.from_dict(own)
         except ValueError as err:
             raise ValueError(f"{label}: {err}") from err
@@ -221,7 +229,9 @@ def run_lengths(values: Iterable[int], separator: str = " + ") -> str:
 
 def _sizes(cost: AttentionCost) -> str:
     """The pattern's own sizes, each under its symbol: ``l=1024 S=16``, ``w=194``, ``b=256``."""
-    parts = ((symbol, getattr(cost, name)) for name, symbol in SIZE_NAMES.items())
+    parts = [(symbol, getattr(cost, name)) for name, symbol in SIZE_NAMES.items()]
+    if cost.sink_tokens:
+        parts.append(("sinks", cost.sink_tokens))
     return " ".join(f"{symbol}={value}" for symbol, value in parts if value is not None) or "-"
 
 
@@ -253,6 +263,9 @@ def format_table(costs: list[AttentionCost]) -> str:
         "GFLOPs: 4·d_model·entries (QKᵀ and PV); vs causal: / L·N(N+1)/2; vs full: / L·N²;",
         "tile: each query block scored against its whole key block (ECP: (2S-1)/S²).",
     ]
+    if any(c.sink_tokens for c in costs):
+        lines.append("sinks=k: sliding_window's attention sinks, in the entries; in tiles, k "
+                     "more key columns for every block of w queries after the first.")
     if any(c.layer_pattern is not None for c in costs):
         lines.append("hybrid(P): layers as pattern P, each costed as the pure architecture's "
                      "layer; sizes: every layer kind's.")

@@ -9,7 +9,7 @@ the rest (activations and temporaries), so that a pass measured on a small micro
 scaled to a large one: the rest grows with the tokens of a micro-batch, the parameter-shaped
 part does not, and the loss's chunk of logits grows only up to the rows of one chunk
 (``model.loss.chunk_rows``). ``measure_backward`` runs the pass as training does (the loss of
-``train.tasks``, under the run's autocast) and scales its peak.
+``training.tasks``, under the run's autocast) and scales its peak.
 """
 
 from __future__ import annotations
@@ -179,7 +179,7 @@ def _random_batch(cfg: ModelConfig, batch_size: int, device: torch.device):
 
 
 def _loss(model, batch) -> torch.Tensor:
-    """The training loss of ``train.tasks`` (a mean over the predicted targets)."""
+    """The training loss of ``training.tasks`` (a mean over the predicted targets)."""
     if isinstance(batch, tuple):
         tokens, labels = batch
         return F.cross_entropy(model(tokens).float(), labels)

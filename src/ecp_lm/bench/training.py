@@ -211,7 +211,7 @@ def plot(results: list[dict[str, Any]], out: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ecp_lm.plot import save_png
+    from ecp_lm.plot import save_figure
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
     for arch in dict.fromkeys(r["arch"] for r in results):
@@ -227,7 +227,7 @@ def plot(results: list[dict[str, Any]], out: str) -> None:
         ax.grid(alpha=0.3, which="both")
     ax1.legend(fontsize=8)
     fig.tight_layout()
-    save_png(fig, out, dpi=110)
+    save_figure(fig, out, dpi=110)
 
 
 # Training modes: eager and compiled, fp32 and bf16 ----------------------------------------------

@@ -1,12 +1,17 @@
 """The pieces every ``ecp`` subcommand module shares: the parser class whose usage errors name
-the subcommand, one-line value checks, and where an interrupted command's last line starts."""
+the subcommand and which refuses a single-valued option given twice, one-line value checks, and
+where an interrupted command's last line starts."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable, Sequence
+import textwrap
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 PROG = "ecp"
@@ -22,6 +27,10 @@ class Command:
     run: Callable[[argparse.Namespace], int]
     on_interrupt: str = ""
     """What a user interrupting it (Ctrl-C) is told besides "interrupted"."""
+    examples: tuple[str, ...] = ()
+    """Command lines shown at the end of its ``--help`` (``examples_epilog``)."""
+    notes: str = ""
+    """Text shown before the examples (several lines kept as written)."""
 
 
 class UsageError(ValueError):
@@ -29,15 +38,42 @@ class UsageError(ValueError):
     argparse's own usage errors, after the usage of the command it was given to."""
 
 
+GIVEN = "_ecp_given"
+"""The namespace attribute where ``StoreOnce`` records the options given so far in one parse
+(removed when the parse ends)."""
+
+
+class StoreOnce(argparse._StoreAction):
+    """An option that takes a value (``--out DIR``, ``--per-position A B``) refuses a second
+    occurrence on the same command line: ``--out a --out b`` would otherwise keep ``b`` and drop
+    ``a`` unseen. Every ``Parser`` uses it for ``add_argument``'s default action, ``store``;
+    repeatable options say so with ``action="append"``."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        if option_string is not None:
+            shown = " ".join(map(str, values)) if isinstance(values, list) else values
+            given = namespace.__dict__.setdefault(GIVEN, {})
+            if self.dest in given:
+                raise argparse.ArgumentError(
+                    self, f"given twice ({given[self.dest]} and {option_string} {shown}); "
+                          f"give it once")
+            given[self.dest] = f"{option_string} {shown}"
+        super().__call__(parser, namespace, values, option_string)
+
+
 class Parser(argparse.ArgumentParser):
     """``ecp``'s argument parser. A usage error prints the usage of the (sub)command it belongs
     to, then one line ``ecp: error: ...``, and exits with 2. A command without subcommands
     accepts its options and positional arguments in any order (``ecp train --config tiny
     train.steps=30 --out R model.arch=s2``), and refuses what it does not know itself, so an
-    unknown option is reported against its own usage rather than ``ecp``'s."""
+    unknown option is reported against its own usage rather than ``ecp``'s. An option that
+    takes one value refuses a second one (``StoreOnce``)."""
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        for name in (None, "store"):  # None: add_argument without an action
+            self.register("action", name, StoreOnce)
         self.arguments: list[str] = []  # the command line being parsed, when parsing starts
         # Writes the epilog from ``arguments`` when help is shown (``ecp train``: the values of
         # the --config on the command line); None: the epilog as given.
@@ -71,6 +107,8 @@ class Parser(argparse.ArgumentParser):
                 self._intermixing = False
             if extras:
                 self.error(f"unrecognized arguments: {' '.join(extras)}")
+        if not self._intermixing:  # the parse is over (intermixed parsing makes two passes)
+            namespace.__dict__.pop(GIVEN, None)
         namespace.__dict__.setdefault("usage_parser", self)  # the innermost command's parser
         return namespace, extras
 
@@ -84,6 +122,71 @@ def check_at_least(args: argparse.Namespace, minimums: dict[str, int]) -> None:
             if item is not None and item < least:
                 option = "--" + dest.replace("_", "-")
                 raise ValueError(f"{option} {item} must be >= {least}")
+
+
+class HelpFormatter(argparse.HelpFormatter):
+    """Wraps a description or epilog of one paragraph to the terminal, as argparse does, and
+    keeps a text of several lines (a list of examples) as it is written."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        if "\n" in text:
+            return "".join(indent + line for line in text.splitlines(keepends=True))
+        return super()._fill_text(text, width, indent)
+
+
+def examples_epilog(examples: Sequence[str], notes: str = "") -> str | None:
+    """A help's epilog: ``notes``, then ``examples:`` and each command line indented."""
+    if not examples and not notes:
+        return None
+    lines = "\n".join(f"  {example}" for example in examples)
+    return (f"{notes.rstrip()}\n\n" if notes else "") + f"examples:\n{lines}\n"
+
+
+def presets_note(takes: str, width: int | None = None) -> str:
+    """Which preset list a command takes, ``run`` (``ecp train --config``) or ``model`` (``ecp
+    complexity --preset``), that the other one exists, and which names the two share; wrapped
+    to ``width`` (default: the terminal's, as argparse wraps)."""
+    import shutil
+
+    from ecp_lm.config import PRESETS
+    from ecp_lm.run.config import RUN_PRESETS
+
+    run = (f"ecp train --config takes run presets ({', '.join(RUN_PRESETS)}: model sizes with "
+           f"data and schedule)")
+    model = (f"ecp complexity --preset takes model presets ({', '.join(PRESETS)}: model "
+             f"sizes only)")
+    text = f"presets: {run}; {model}." if takes == "run" else f"presets: {model}; {run}."
+    shared = [name for name in RUN_PRESETS if name in PRESETS]
+    if shared:
+        here = "a whole run" if takes == "run" else "model sizes only"
+        text += f" {' and '.join(shared)} are in both lists; here they name {here}."
+    width = shutil.get_terminal_size().columns - 2 if width is None else width
+    return textwrap.fill(text, width)
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+@contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """Within it, a warning that ecp-lm's own code gives (a BPE smaller than asked for, a
+    kernel that could not be built) prints as one line on stderr, ``ecp: warning: ...``, like
+    the errors; any other warning as Python prints it."""
+    with warnings.catch_warnings():
+        python_shows = warnings.showwarning
+
+        def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                 file: Any = None, line: str | None = None) -> None:
+            if Path(filename).resolve().is_relative_to(PACKAGE):
+                print(f"{PROG}: warning: {' '.join(str(message).split())}", file=sys.stderr)
+            else:
+                python_shows(message, category, filename, lineno, file, line)
+
+        warnings.showwarning = show
+        yield
 
 
 class _Output:

@@ -134,14 +134,15 @@ def _run(args: argparse.Namespace) -> int:
     from ecp_lm.bench.core import BenchSpec, case_names, model_config
     from ecp_lm.cli.complexity import parse_archs
     from ecp_lm.fsutil import write_bytes_atomic
-    from ecp_lm.outputs import check_file, is_json_report, is_png_plot
+    from ecp_lm.outputs import check_file, is_json_report
+    from ecp_lm.plot import check_figure_path
     from ecp_lm.runtime import resolve_device
 
     # Output paths first: a benchmark's results are never lost to a path that cannot be written.
     if args.json is not None:
         check_file(args.json, "--json", is_json_report("meta"))
     if args.plot is not None:
-        check_file(args.plot, "--plot", is_png_plot)
+        check_figure_path(args.plot, "--plot")
     check_arguments(args)
     device = str(resolve_device(args.device, "--device"))
     spec = BenchSpec(args.d_model, args.n_layers, args.n_heads, args.segment_len,
@@ -214,4 +215,8 @@ def _loss_memory(args: argparse.Namespace, spec) -> int:
 
 
 COMMAND = Command("measure training speed and memory of each architecture against N",
-                  add_arguments, run)
+                  add_arguments, run,
+                  examples=("ecp bench --archs ecp,transformer --seq-lens 1024,2048,4096",
+                            "ecp bench --device cuda --precision bf16 --json bench.json "
+                            "--plot bench.png",
+                            "ecp bench --decode-only --decode-lengths 2048,8192"))

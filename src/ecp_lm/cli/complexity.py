@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ecp_lm.bench.complexity import compare, format_table
-from ecp_lm.cli.base import Command
-from ecp_lm.config import ARCHS, PRESETS
+from ecp_lm.cli.base import Command, examples_epilog, presets_note
+from ecp_lm.config import ARCHS, PRESETS, pattern_unit, read_yaml_mapping
 
 SIZE_OVERRIDES = {
     "seq_len": "training window N",
@@ -22,6 +19,7 @@ SIZE_OVERRIDES = {
     "window": "w: sliding_window's window (default: ECP's cost)",
     "block_len": "b: block_local's block (default 2m)",
     "group_len": "G: s2's group (default m; even)",
+    "sink_tokens": "k: sliding_window's attention sinks, counted in its cost (default 0)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",
@@ -32,8 +30,9 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """--preset / --config and one override option per size field."""
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--preset", default="paper",
-                        help=f"named model sizes to start from: {', '.join(PRESETS)} "
-                             f"(default: %(default)s)")
+                        help=f"a model preset, named sizes to start from: "
+                             f"{', '.join(PRESETS)} (default: %(default)s); not the run "
+                             f"presets of ecp train --config (see below)")
     source.add_argument("--config", metavar="FILE.yaml",
                         help="a ModelConfig YAML file to start from instead of a preset")
     for field, text in SIZE_OVERRIDES.items():
@@ -47,10 +46,7 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
     Raw fields, not a ModelConfig: defaults that depend on other sizes (latent_len = N/2, ...)
     are resolved only after the overrides, per architecture."""
     if args.config is not None:
-        fields = yaml.safe_load(Path(args.config).read_text())
-        if not isinstance(fields, dict):
-            raise ValueError(f"{args.config}: expected a mapping of ModelConfig fields, "
-                             f"got {type(fields).__name__}")
+        fields = read_yaml_mapping(args.config, "--config", "a mapping of ModelConfig fields")
     elif args.preset in PRESETS:
         fields = dict(PRESETS[args.preset])
     else:
@@ -60,17 +56,67 @@ def config_fields(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def parse_archs(text: str, allow_empty: bool = False) -> list[str]:
-    """The architectures of ``--archs``, each once, in order (none only if ``allow_empty``)."""
-    archs = [a.strip() for a in text.split(",") if a.strip()]
-    if not archs and not allow_empty:
-        raise ValueError("--archs names no architecture")
+    """The architectures of ``--archs``, in order: known names, each once, no empty entry
+    (none at all, ``''``, only if ``allow_empty``); else ValueError naming the value."""
+    if not text.strip():
+        if not allow_empty:
+            raise ValueError("--archs names no architecture")
+        return []
+    archs = [a.strip() for a in text.split(",")]
+    if "" in archs:
+        raise ValueError(f"--archs {text!r} has an empty entry; separate names by single "
+                         f"commas, e.g. ecp,transformer")
     unknown = [a for a in archs if a not in ARCHS]
     if unknown:
-        raise ValueError(f"unknown arch {unknown[0]!r}; archs: {', '.join(ARCHS)}")
-    return list(dict.fromkeys(archs))
+        raise ValueError(f"unknown arch {unknown[0]!r} in --archs; archs: {', '.join(ARCHS)}")
+    twice = [a for i, a in enumerate(archs) if a in archs[:i]]
+    if twice:
+        raise ValueError(f"--archs {text!r} names {twice[0]} twice; name each once")
+    return archs
+
+
+LAYER_SIZES = ("latent_len", "num_segments", "compressed_len", "window", "block_len",
+               "group_len", "sink_tokens")
+"""The size overrides that only some architectures have (the others size every one)."""
+
+
+def check_sizes_used(args: argparse.Namespace, fields: dict[str, Any], archs: list[str],
+                     patterns: list[str]) -> None:
+    """ValueError for a size option given on the command line that no compared row has (
+    ``--window 8`` with ``--archs ecp``), which would change nothing. A row has its layers'
+    ``size_fields``, and num_segments where a band baseline's own size is left to its default,
+    which is set from ECP's m = N/S (``SizedBand``)."""
+    from ecp_lm.model.archs import architecture
+    from ecp_lm.model.archs.base import SizedBand
+
+    names = list(dict.fromkeys([*archs, *(a for p in patterns for a in pattern_unit(p))]))
+    kinds = [architecture(a) for a in names]
+
+    def has(kind: type, size: str) -> bool:
+        return size in kind.size_fields or (
+            size == "num_segments" and issubclass(kind, SizedBand)
+            and fields.get(kind.size_fields[0]) is None) or (
+            size == "sink_tokens" and kind.takes_sink_tokens)
+
+    for size in LAYER_SIZES:
+        value = getattr(args, size)
+        if value is None or any(has(kind, size) for kind in kinds):
+            continue
+        users = [a for a in ARCHS if has(architecture(a), size)]
+        raise ValueError(f"--{size.replace('_', '-')} {value} sizes {', '.join(users)}, none "
+                         f"of which is compared ({', '.join(names)}); drop it or add one to "
+                         f"--archs")
+
+
+EXAMPLES = ("ecp complexity",
+            "ecp complexity --preset tiny --archs ecp,transformer --json",
+            "ecp complexity --seq-len 8192 --num-segments 16",
+            "ecp complexity --archs ecp --pattern 'sliding_window*3,transformer'",
+            "ecp complexity --archs sliding_window --sink-tokens 4")
 
 
 def add_complexity_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.epilog = examples_epilog(EXAMPLES, presets_note("model"))
     add_config_arguments(parser)
     parser.add_argument("--archs", default=",".join(ARCHS), metavar="A,B,...",
                         help="comma-separated architectures to compare (default: all; may be "
@@ -90,9 +136,20 @@ def add_pattern_argument(parser: argparse.ArgumentParser, what: str) -> None:
                              f"(repeatable); {what}")
 
 
+def parse_patterns(patterns: list[str]) -> list[str]:
+    """The ``--pattern`` values, each given once (a second copy is a row that adds nothing)."""
+    for i, pattern in enumerate(patterns):
+        if pattern in patterns[:i]:
+            raise ValueError(f"--pattern {pattern!r} is given twice; give each pattern once")
+    return patterns
+
+
 def run_complexity(args: argparse.Namespace) -> int:
     archs = parse_archs(args.archs, allow_empty=bool(args.pattern))
-    costs = compare(config_fields(args), archs, list(dict.fromkeys(args.pattern)))
+    patterns = parse_patterns(args.pattern)
+    fields = config_fields(args)
+    costs = compare(fields, archs, patterns)
+    check_sizes_used(args, fields, archs, patterns)
     if args.json:
         print(json.dumps([c.to_dict() for c in costs], indent=2))
     else:
@@ -101,4 +158,4 @@ def run_complexity(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("analytic attention cost per architecture: score entries, FLOPs, ratios",
-                  add_complexity_arguments, run_complexity)
+                  add_complexity_arguments, run_complexity, examples=EXAMPLES)

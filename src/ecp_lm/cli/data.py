@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
-from ecp_lm.cli.base import Command
+from ecp_lm.cli.base import Command, HelpFormatter, examples_epilog
+from ecp_lm.data.prepare import DEFAULT_SPLIT
+from ecp_lm.data.text_source import SPLITS
+from ecp_lm.data.tokenizers import (
+    BYTE_ALPHABET,
+    DEFAULT_BPE_VOCAB,
+    MAX_BPE_VOCAB,
+)
 
 
 def add_data_arguments(parser: argparse.ArgumentParser) -> None:
@@ -16,7 +23,9 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     prep = sub.add_parser("prepare", help="tokenize a source into a token cache",
                           description="Tokenize every split of a text source once into a "
                                       "memory-mapped token cache with a manifest. An existing "
-                                      "cache for the same source and tokenizer is reused.")
+                                      "cache for the same source and tokenizer is reused.",
+                          formatter_class=HelpFormatter,
+                          epilog=examples_epilog(PREPARE_EXAMPLES))
     prep.add_argument("source", choices=SOURCES + PIXEL_DATASETS, metavar="SOURCE",
                       help="text: wikitext103 (folder of wiki.{train,valid,test}.tokens or .raw, "
                            "or hf:Salesforce/wikitext), pg19 (folder with train/ validation/ "
@@ -35,22 +44,26 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
                            "or hf:OWNER/NAME[@REVISION], a Hugging Face Hub dataset read from "
                            "the local hub cache (downloaded unless HF_HUB_OFFLINE is set), or a "
                            "folder in its Parquet layout (wikitext103, pg19, scifar10)")
-    prep.add_argument("--tokenizer", default="bytes", metavar="bytes|bpe|FILE|hf:REPO",
+    prep.add_argument("--tokenizer", metavar="bytes|bpe|FILE|hf:REPO",
                       help="bytes (vocab 256), bpe (byte-level BPE trained on the train split), "
                            "a tokenizer.json / .tiktoken file, or hf:REPO (hf:gpt2), the "
                            "tokenizer.json of a Hub model repository from the local hub cache "
-                           "(default: %(default)s)")
-    prep.add_argument("--vocab-size", type=int, default=4096,
-                      help="BPE vocabulary size (default: %(default)s)")
+                           "(default: bytes)")
+    prep.add_argument("--vocab-size", type=int, metavar="INT",
+                      help=f"--tokenizer bpe: its vocabulary, {BYTE_ALPHABET + 1} to "
+                           f"{MAX_BPE_VOCAB:,}; a train split with fewer pairs to merge gives "
+                           f"fewer, with a warning (default: {DEFAULT_BPE_VOCAB})")
     prep.add_argument("--out", metavar="DIR",
                       help="cache folder (default: <user cache>/ecp-lm/tokens/"
                            "SOURCE-KEY-TOKENIZER, KEY a short hash of the source's paths and "
                            "split, so each corpus has its own)")
-    for split in ("train", "valid", "test"):
+    for split in SPLITS:
         prep.add_argument(f"--{split}", metavar="FILE",
-                          help=f"text: the file or folder of the {split} split")
-    prep.add_argument("--split", default="0.9,0.05,0.05", metavar="TRAIN,VALID,TEST",
-                      help="text without per-split files: byte fractions (default: %(default)s)")
+                          help=f"text, instead of --path: the file or folder of the {split} "
+                               f"split (no file in two splits)")
+    prep.add_argument("--split", metavar="TRAIN,VALID,TEST",
+                      help=f"text with --path: byte fractions of its files (default: "
+                           f"{DEFAULT_SPLIT})")
     prep.add_argument("--variant", choices=("tokens", "raw"),
                       help="wikitext103: the .tokens or the .raw files, on the Hub the config "
                            "wikitext-103-v1 or wikitext-103-raw-v1 (default: tokens if present)")
@@ -59,36 +72,24 @@ def add_data_arguments(parser: argparse.ArgumentParser) -> None:
     prep.set_defaults(run=run_data_prepare)
     info = sub.add_parser("info", help="print a token cache's manifest",
                           description="Tokens, bytes, words, tokens per word and bytes per "
-                                      "token of each split of a token cache.")
+                                      "token of each split of a token cache.",
+                          formatter_class=HelpFormatter, epilog=examples_epilog(INFO_EXAMPLES))
     info.add_argument("cache", metavar="CACHE", help="the cache folder")
     info.add_argument("--json", action="store_true", help="print the manifest as JSON")
     info.set_defaults(run=run_data_info)
 
 
 def run_data_prepare(args: argparse.Namespace) -> int:
-    from ecp_lm.data.cache import describe, prepare
-    from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
-    from ecp_lm.data.sources import open_source
+    from ecp_lm.api import prepare
+    from ecp_lm.data.cache import describe
+    from ecp_lm.data.images import PIXEL_DATASETS
+    from ecp_lm.data.prepare import describe_pixels
 
-    if args.source in PIXEL_DATASETS:
-        data = load_pixel_dataset(args.source, args.path[0] if args.path else None)
-        sizes = ", ".join(f"{s} {len(y):,}" for s, (_, y) in data.splits.items())
-        print(f"{data.name}: {data.seq_len} tokens of {data.vocab_size} levels, "
-              f"{data.num_classes} classes; {sizes}")
-        return 0
-    splits = {s: getattr(args, s) for s in ("train", "valid", "test") if getattr(args, s)}
-    if args.source != "text" and (splits or len(args.path) > 1):
-        raise ValueError(f"--train/--valid/--test and repeated --path are for the text source, "
-                         f"not {args.source}")
-    if args.source == "text":
-        source = open_source("text", splits=splits or None, paths=args.path,
-                             fractions=parse_floats(args.split), path_setting="--path")
-    else:
-        source = open_source(args.source, args.path[0] if args.path else None,
-                             variant=args.variant, path_setting="--path")
-    cache = prepare(source, args.tokenizer, args.vocab_size, args.out, force=args.force,
-                    progress=not args.quiet)
-    print(describe(cache))
+    files = {s: getattr(args, s) for s in SPLITS if getattr(args, s) is not None}
+    result = prepare(args.source, path=args.path, out=args.out, tokenizer=args.tokenizer,
+                     vocab_size=args.vocab_size, split=args.split, variant=args.variant,
+                     force=args.force, quiet=args.quiet, **files)
+    print(describe_pixels(result) if args.source in PIXEL_DATASETS else describe(result))
     return 0
 
 
@@ -100,13 +101,18 @@ def run_data_info(args: argparse.Namespace) -> int:
     return 0
 
 
-def parse_floats(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",")]
-    except ValueError:
-        raise ValueError(f"expected comma-separated numbers, got {text!r}") from None
-
+PREPARE_EXAMPLES = (
+    "ecp data prepare text --path corpus.txt --out runs/tokens",
+    "ecp data prepare text --path books/ --split 0.8,0.1,0.1 --tokenizer bpe --vocab-size 8192",
+    "ecp data prepare text --train a.txt --valid b.txt --test c.txt",
+    "ecp data prepare wikitext103 --path hf:Salesforce/wikitext --tokenizer hf:gpt2",
+    "ecp data prepare enwiki-mini",
+)
+INFO_EXAMPLES = ("ecp data info runs/tokens", "ecp data info runs/tokens --json")
 
 COMMAND = Command("prepare token caches from text sources (prepare), inspect them (info)",
                   add_data_arguments, lambda args: 2,
-                  "no cache was written; run the same command again to build it")
+                  "no cache was written; run the same command again to build it",
+                  examples=(PREPARE_EXAMPLES[0], INFO_EXAMPLES[0]),
+                  notes="Run `ecp data prepare --help` or `ecp data info --help` for their "
+                        "options.")

@@ -24,4 +24,5 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("train and compare ECP and PerceiverAR on enwiki-mini (a few minutes, CPU)",
-                  add_arguments, run, "run the same command again to continue where it stopped")
+                  add_arguments, run, "run the same command again to continue where it stopped",
+                  examples=("ecp demo", "ecp demo --steps 300 --out runs/demo-short --quiet"))

@@ -24,12 +24,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--stride", type=int, metavar="K",
                         help="window stride k (default min(N/2, latent_len), the same for every "
                              "architecture at the same N): targets from index N-k+1 on are "
-                             "scored once, each with at least N-k tokens of context")
+                             "scored once, each with at least N-k tokens of context; each "
+                             "window costs a forward over N tokens")
     parser.add_argument("--seq-len", type=int, metavar="T",
                         help="score with windows of T tokens instead of the run's N (longer "
                              "than N only for architectures that accept any length: ecp and "
                              "the local baselines); the default stride becomes "
-                             "min(T/2, latent_len)")
+                             "min(T/2, latent_len), and for T > N it grows with T in the "
+                             "run's proportion, min(T/2, latent_len*T/N), so a longer window "
+                             "does not multiply the number of windows")
     parser.add_argument("--per-position", nargs="?", const="", metavar="FILE.json",
                         help="instead of the windowed score, the mean loss at each position of "
                              "non-overlapping windows of N (or --seq-len) tokens, each run from "
@@ -60,26 +63,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "tokenizer into a cache of its own; the run's cache is never "
                              "touched)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
-    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.add_argument("--quiet", action="store_true",
+                        help="no progress bars, and no line on stderr saying how many windows "
+                             "or tokens will be scored")
 
 
 def run(args: argparse.Namespace) -> int:
-    from ecp_lm.evaluate.checkpoints import evaluate_checkpoint
-    from ecp_lm.runtime import resolve_device
+    from ecp_lm.evaluate.checkpoints import checkpoint_report
 
-    resolve_device(args.device, "--device")  # here, so that an error names the option
+    if args.per_position:  # before any scoring: a path that cannot take the report is an error
+        from ecp_lm.outputs import check_file, is_json_report
 
-    if args.stream:
-        report = stream_report(args)
-    elif args.chunk_len is not None:
-        raise ValueError("--chunk-len applies only to --stream")
-    elif args.per_position is not None:
-        return run_per_position(args)
-    else:
-        report = evaluate_checkpoint(args.ckpt, args.split, args.stride, args.batch_size,
-                                     args.device, args.max_tokens, args.data_path,
-                                     progress=not args.quiet, precision=args.precision,
-                                     seq_len=args.seq_len)
+        check_file(args.per_position, "--per-position", is_json_report(kind="per_position"))
+    report = checkpoint_report(args.ckpt, args.split, stride=args.stride, seq_len=args.seq_len,
+                               batch_size=args.batch_size, max_tokens=args.max_tokens,
+                               device=args.device, precision=args.precision,
+                               data_path=args.data_path, stream=args.stream,
+                               chunk_len=args.chunk_len,
+                               per_position=args.per_position is not None,
+                               progress=not args.quiet)
+    if args.per_position is not None:
+        return print_per_position(args, report)
     if args.json:
         print(json.dumps(report, indent=2))
         return 0
@@ -94,36 +98,12 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def stream_report(args: argparse.Namespace) -> dict:
-    """``--stream``: the split as one stream through the caches (``stream_checkpoint``)."""
-    from ecp_lm.evaluate.checkpoints import stream_checkpoint
-
-    for flag, value in (("--stride", args.stride), ("--seq-len", args.seq_len),
-                        ("--per-position", args.per_position)):
-        if value is not None:
-            raise ValueError(f"--stream does not combine with {flag}: it scores every target "
-                             f"once, with all the context before it, in chunks of --chunk-len")
-    return stream_checkpoint(args.ckpt, args.split, args.chunk_len, args.device,
-                             args.max_tokens, args.data_path, progress=not args.quiet,
-                             precision=args.precision)
-
-
-def run_per_position(args: argparse.Namespace) -> int:
+def print_per_position(args: argparse.Namespace, report: dict) -> int:
+    """``--per-position``: write the report to its FILE, if given, and print it."""
     from pathlib import Path
 
-    from ecp_lm.evaluate.checkpoints import per_position_checkpoint
     from ecp_lm.fsutil import write_bytes_atomic
-    from ecp_lm.outputs import check_file, is_json_report
 
-    if args.stride is not None:
-        raise ValueError("--stride does not apply to --per-position, whose windows do not "
-                         "overlap")
-    if args.per_position:  # before any scoring: a path that cannot take the report is an error
-        check_file(args.per_position, "--per-position",
-                   is_json_report(kind="per_position"))
-    report = per_position_checkpoint(args.ckpt, args.split, args.seq_len, args.batch_size,
-                                     args.device, args.max_tokens, args.data_path,
-                                     progress=not args.quiet, precision=args.precision)
     text = json.dumps(report, indent=2)
     if args.per_position:
         write_bytes_atomic(Path(args.per_position), (text + "\n").encode())
@@ -156,5 +136,21 @@ def print_buckets(buckets: list[dict], unit: str) -> None:
               f"{b['bits_per_token']:>10.4f}  {b['count']:>10,}")
 
 
+FIGURES = """reported figures (the JSON report's keys):
+  loss            mean negative log-likelihood of the scored tokens, nats per token
+  ppl_token       token-level perplexity, exp(loss)
+  bits_per_byte   bits per byte of the scored text (nll_sum / ln 2 / bytes_scored)
+  ppl_word        word-level perplexity, exp(nll_sum / words_scored) (and ppl_word_eos,
+                  each line end counted as a word)
+  accuracy        for a checkpoint of a pixel dataset (scifar10, mnist-5k, digits): the
+                  share of the split's images classified right (instead of the above)
+  tokens_scored, nll_sum, bytes_scored, words_scored, lines_scored: what they are from"""
+
 COMMAND = Command("score a checkpoint: loss, perplexity, bits per byte (or accuracy)",
-                  add_arguments, run, "nothing was scored")
+                  add_arguments, run, "nothing was scored",
+                  examples=("ecp eval --ckpt runs/ecp --split test",
+                            "ecp eval --ckpt runs/ecp/best --split test --json",
+                            "ecp eval --ckpt runs/ecp --split test --seq-len 1024 --stride 256",
+                            "ecp eval --ckpt runs/ecp --split test --stream",
+                            "ecp eval --ckpt runs/ecp --per-position ecp.json"),
+                  notes=FIGURES)

@@ -12,7 +12,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a checkpoint folder, or a run folder (its best/, else latest/)")
     parser.add_argument("--out", required=True, metavar="HF_DIR",
                         help="the folder to write (config.json, model.safetensors, "
-                             "generation_config.json, the tokenizer); replaced atomically")
+                             "generation_config.json, the tokenizer); replaced atomically, and "
+                             "only if it holds an earlier export (never a checkpoint, a run "
+                             "folder, a token cache or a folder of yours, nor a folder inside "
+                             "a run folder)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,4 +35,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("write a checkpoint as a Hugging Face transformers model folder",
-                  add_arguments, run)
+                  add_arguments, run,
+                  examples=("ecp export --ckpt runs/ecp --out hf/ecp",
+                            "ecp export --ckpt runs/ecp/latest --out hf/ecp-latest"))

@@ -4,17 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ecp_lm.cli.base import PROG, Command, write_stdout
-
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from ecp_lm.data.tokenizers import Tokenizer
-    from ecp_lm.model import LanguageModel
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,77 +56,32 @@ def read_prompt(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    import torch
-
-    from ecp_lm.generation import check_generate_args, prompt_kept, steps_from_cache
-    from ecp_lm.run.checkpoint import read_checkpoint
-    from ecp_lm.runtime import autocast, resolve_device, resolve_precision
+    from ecp_lm.api import load
+    from ecp_lm.generation import steps_from_cache
+    from ecp_lm.runtime import resolve_device
 
     if args.compile and args.no_cache:
         raise ValueError("--compile compiles the cached decode step: it cannot be combined with "
                          "--no-cache")
     device = resolve_device(args.device, "--device")
     text = read_prompt(args)
-    ckpt = read_checkpoint(args.ckpt)
-    tokenizer = ckpt.tokenizer()
-    ids = tokenizer.encode(text)
-    if len(ids) == 0:
-        raise ValueError("the prompt is empty")
-    precision = resolve_precision(args.precision or ckpt.config.train.precision, device)
-    model = ckpt.load_model(device)
-    eos_id = eos_token(args.eos, tokenizer, model.cfg.vocab_size)
-    prompt = torch.as_tensor(ids, dtype=torch.long, device=device)[None]
+    run = load(args.ckpt, device=str(device))
     # Everything is checked before the prompt is echoed: an error is the only output.
-    check_generate_args(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                        args.top_p, eos_id)
-    kept = prompt_kept(model, len(ids))
-    if kept < len(ids):
-        print(f"{PROG}: prompt cut to its last {kept} tokens (the window of "
-              f"arch={model.cfg.arch!r}); it has {len(ids)}", file=sys.stderr)
+    request = run.generation_request(text, args.max_new_tokens, args.temperature, args.top_k,
+                                     args.top_p, args.seed, args.eos, not args.no_cache,
+                                     args.compile, args.precision)
+    length = request.prompt.shape[1]
+    if request.kept < length:
+        print(f"{PROG}: prompt cut to its last {request.kept} tokens (the window of "
+              f"arch={run.model.cfg.arch!r}); it has {length}", file=sys.stderr)
     write_stdout(text)
-    with autocast(precision, device):
-        times = stream_text(model, tokenizer, prompt, eos_id, args)
-    print(f"[{timing(times, compiling=args.compile and steps_from_cache(model, len(ids)))}, "
+    times = run.stream(request, write_stdout)
+    write_stdout("\n")
+    compiling = args.compile and steps_from_cache(run.model, length)
+    print(f"[{timing(times, compiling=compiling)}, "
           f"{'no cache' if args.no_cache else 'cached'}{', compiled' if args.compile else ''}, "
-          f"{precision}]", file=sys.stderr)
+          f"{request.precision}]", file=sys.stderr)
     return 0
-
-
-def eos_token(text: str | None, tokenizer: Tokenizer, vocab_size: int) -> int | None:
-    """The id of ``--eos`` (one token of the model's vocabulary), or None."""
-    if text is None:
-        return None
-    eos = tokenizer.encode(text)
-    if len(eos) != 1:
-        raise ValueError(f"--eos {text!r} is {len(eos)} tokens, not one")
-    if not 0 <= int(eos[0]) < vocab_size:
-        raise ValueError(f"--eos {text!r} is token {int(eos[0])}, outside the model's "
-                         f"vocabulary 0..{vocab_size - 1}")
-    return int(eos[0])
-
-
-def stream_text(model: LanguageModel, tokenizer: Tokenizer, prompt: Tensor, eos_id: int | None,
-                args: argparse.Namespace) -> list[float]:
-    """Generate and write the text as it comes (whole UTF-8 characters only); the seconds from
-    the start at which each token arrived."""
-    from ecp_lm.generation import stream
-
-    new: list[int] = []
-    printed = ""
-    times = []
-    start = time.perf_counter()
-    for token, _ in stream(model, prompt, args.max_new_tokens, args.temperature, args.top_k,
-                           args.top_p, args.seed, eos_id, use_cache=not args.no_cache,
-                           compile=args.compile):
-        new.append(int(token[0]))
-        times.append(time.perf_counter() - start)
-        decoded = tokenizer.decode(new)
-        if decoded.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            continue
-        write_stdout(decoded[len(printed):])
-        printed = decoded
-    write_stdout(tokenizer.decode(new)[len(printed):] + "\n")
-    return times
 
 
 def timing(times: list[float], compiling: bool) -> str:
@@ -156,4 +103,8 @@ def timing(times: list[float], compiling: bool) -> str:
 
 
 COMMAND = Command("sample text from a checkpoint, streamed as it is produced", add_arguments,
-                  run)
+                  run,
+                  examples=("ecp generate --ckpt runs/ecp --prompt 'The history of'",
+                            "ecp generate --ckpt runs/ecp --prompt 'def main(' --temperature 0",
+                            "ecp generate --ckpt runs/ecp --prompt-file prompt.txt --top-p 0.9 "
+                            "--seed 1 --max-new-tokens 500"))

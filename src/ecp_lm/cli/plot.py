@@ -1,5 +1,5 @@
 """``ecp plot``: learning curves of one or more runs, or loss against position from
-``ecp eval --per-position`` reports, as a PNG."""
+``ecp eval --per-position`` reports, as PNG, PDF, SVG or JPEG (the suffix of ``--out``)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-position", nargs="+", default=[], metavar="FILE.json",
                         help="per-position reports to plot: mean loss against position in the "
                              "window, one curve per report, with marks at m and 2m")
-    parser.add_argument("--out", metavar="FILE.png",
-                        help="the PNG to write (default: learning_curves.png, or "
+    parser.add_argument("--out", metavar="FILE",
+                        help="the figure to write, in the format its suffix names: .png, .pdf, "
+                             ".svg, .jpg (default: learning_curves.png, or "
                              "loss_by_position.png for per-position reports)")
     parser.add_argument("--x", choices=("tokens", "step"),
                         help="horizontal axis of learning curves (default: tokens)")
@@ -46,4 +47,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 COMMAND = Command("plot loss against training tokens of runs, or against position in the "
-                  "window from ecp eval --per-position (PNG)", add_arguments, run)
+                  "window from ecp eval --per-position", add_arguments, run,
+                  examples=("ecp plot runs/ecp runs/par --out curves.png",
+                            "ecp plot runs/ecp runs/par --x step --title 'ECP against PerceiverAR'",
+                            "ecp plot --per-position ecp.json par.json --out by_position.pdf"))

@@ -12,6 +12,8 @@ from ecp_lm.cli.base import Command
 EPILOG = """{title}
 {note}{fields}
 
+{presets}
+
 examples:
   ecp train --config demo --out runs/ecp
   ecp train --config configs/wikitext103-ecp.yaml --dry-run
@@ -28,6 +30,7 @@ def epilog(arguments: list[str]) -> str:
     import shutil
     import textwrap
 
+    from ecp_lm.cli.base import presets_note
     from ecp_lm.run.config import is_override
     from ecp_lm.run.describe import config_values, describe_fields
 
@@ -51,7 +54,8 @@ def epilog(arguments: list[str]) -> str:
     if config is None or note:
         source = "section.key=default"
     title = textwrap.fill(f"config keys ({source}; set any of them as an override):", width)
-    return EPILOG.format(title=title, note=note, fields=describe_fields(values, width))
+    return EPILOG.format(title=title, note=note, fields=describe_fields(values, width),
+                         presets=presets_note("run", width))
 
 
 def override(text: str) -> str:
@@ -71,9 +75,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.help_epilog = epilog  # type: ignore[attr-defined]  (see cli.base.Parser)
     parser.add_argument("--config", metavar="PRESET_OR_YAML",
-                        help=f"a preset ({', '.join(RUN_PRESETS)}) or a YAML file with "
-                             f"model/data/train sections; required unless --resume, which "
-                             f"without it reads the run's own DIR/config.yaml")
+                        help=f"a run preset ({', '.join(RUN_PRESETS)}: model, data and "
+                             f"schedule; not the model presets of ecp complexity --preset, "
+                             f"see below) or a YAML file with model/data/train sections; "
+                             f"required unless --resume, which without it reads the run's own "
+                             f"DIR/config.yaml")
     parser.add_argument("--out", metavar="DIR",
                         help="run folder: config.yaml, metrics.jsonl, latest/ and best/ "
                              "checkpoints (required unless --dry-run)")
@@ -157,22 +163,21 @@ def run_folder_config(out: str) -> Path:
 def load_config(args: argparse.Namespace):
     """The run config: --config with the overrides, or with --resume and no --config the run's
     own config.yaml with the overrides on top."""
+    from ecp_lm.api import run_config
     from ecp_lm.cli.base import UsageError
-    from ecp_lm.run.config import RunConfig
 
-    if args.config is not None:
-        return RunConfig.load(args.config, args.overrides)
-    if not args.resume:
-        raise UsageError("the following arguments are required: --config (only --resume can "
-                         "do without it: it reads the run's own config.yaml)")
-    if args.out is None:
-        raise UsageError("--resume without --config reads the run's DIR/config.yaml: give "
-                         "--out DIR")
-    path = run_folder_config(args.out)
-    if not path.is_file():
-        raise ValueError(f"--resume without --config reads the run's {path}, which does not "
-                         f"exist; give --config")
-    return RunConfig.load(str(path), args.overrides, saved=True)
+    if args.config is None:
+        if not args.resume:
+            raise UsageError("the following arguments are required: --config (only --resume "
+                             "can do without it: it reads the run's own config.yaml)")
+        if args.out is None:
+            raise UsageError("--resume without --config reads the run's DIR/config.yaml: give "
+                             "--out DIR")
+        path = run_folder_config(args.out)
+        if not path.is_file():
+            raise ValueError(f"--resume without --config reads the run's {path}, which does "
+                             f"not exist; give --config")
+    return run_config(args.config, args.overrides, out=args.out, resume=args.resume)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -198,14 +203,14 @@ def run_training(args: argparse.Namespace, cfg) -> int:
     from ecp_lm.interrupts import Interrupted
     from ecp_lm.run.folder import has_checkpoint
     from ecp_lm.runtime import resolve_device
-    from ecp_lm.train.loop import TrainingDivergedError, train
+    from ecp_lm.training.loop import TrainingDivergedError, TrainingWriteError, train
 
     resolve_device(cfg.train.device, "train.device")  # here, so that an error names the key
     try:
         result = train(cfg, args.out, resume=args.resume, progress=not args.quiet,
                        stop_at=args.stop_at, force=args.force)
-    except TrainingDivergedError as err:
-        print(f"{PROG}: training stopped: {err}", file=sys.stderr)
+    except (TrainingDivergedError, TrainingWriteError) as err:
+        print(f"{PROG}: training stopped: {' '.join(str(err).split())}", file=sys.stderr)
         return 1
     except Interrupted as err:
         if err.saved_step is None and has_checkpoint(Path(args.out)):

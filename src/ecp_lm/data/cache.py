@@ -19,6 +19,7 @@ waits and then reuses what the first built.
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,16 +27,23 @@ from typing import Any
 
 import numpy as np
 
-from ecp_lm.data.sources import default_cache_dir, open_source
+from ecp_lm.data.sources import SOURCES, default_cache_dir, open_source
 from ecp_lm.data.text_source import SPLITS, TextSource
-from ecp_lm.data.tokenizers import Tokenizer, count_invalid_utf8, load_saved, make_tokenizer
-from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, locked
+from ecp_lm.data.tokenizers import (
+    Tokenizer,
+    check_bpe_vocab_size,
+    count_invalid_utf8,
+    load_saved,
+    make_tokenizer,
+)
+from ecp_lm.fsutil import atomic_directory, current_version, locked, out_of_room
+from ecp_lm.outputs import TOKEN_CACHE, check_replace
 from ecp_lm.progress import bar as progress_bar
 from ecp_lm.progress import interactive
 
 MANIFEST = "manifest.json"
 INDEX_COLUMNS = ("tokens", "bytes", "words", "lines")
-FORMAT = "ecp-lm-token-cache/1"
+FORMAT = TOKEN_CACHE.value
 ENCODE_BATCH = 8  # chunks of ~1 MB encoded together (BPE encodes a batch in parallel)
 
 
@@ -131,9 +139,12 @@ def open_cache(directory: str | Path, tokenizer_identity: str | None = None) -> 
         raise ValueError(f"{named} is not a complete token cache (no {MANIFEST}); "
                          f"run `ecp data prepare`")
     try:
-        manifest = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as err:
-        raise ValueError(f"{path} is unreadable: {err}") from err
+        manifest = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as err:  # ValueError: not UTF-8, not JSON
+        raise ValueError(f"{path} is unreadable: {' '.join(str(err).split())}") from None
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path} is not a token cache manifest (a JSON object); prepare the "
+                         f"cache again")
     if manifest.get("format") != FORMAT:
         raise ValueError(f"{named}: cache format {manifest.get('format')!r}, "
                          f"expected {FORMAT!r}; prepare it again")
@@ -178,25 +189,44 @@ def _slug(request: dict[str, Any]) -> str:
 
 def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096,
             out: str | Path | None = None, force: bool = False,
-            progress: bool = True) -> TokenCache:
+            progress: bool = True, out_setting: str = "out") -> TokenCache:
     """Tokenize every split of ``source`` into a cache (reused if source and tokenizer match).
 
-    ``tokenizer``: ``bytes``, ``bpe`` (trained on the train split with ``vocab_size`` entries),
-    or the path of a ``tokenizer.json`` / ``.tiktoken`` file."""
+    ``tokenizer``: ``bytes``, ``bpe`` (trained on the train split with ``vocab_size`` entries;
+    a warning, ``vocab_shortfall``, when the split supports fewer), or the path of a
+    ``tokenizer.json`` / ``.tiktoken`` file. ``out``'s missing folders are created, but not
+    directly under the file-system root (``outputs.check_parents``; ``out_setting`` is what its
+    errors call ``out``: an option, a config key)."""
+    if tokenizer == "bpe":
+        check_bpe_vocab_size(vocab_size)  # before any work
     request = tokenizer_request(tokenizer, vocab_size)
     out = Path(out) if out is not None else default_cache_dir(source, _slug(request))
-    check_replaceable(out, is_cache_folder)  # before any work: never over a user's folder
+    # before any work: never over a user's folder or another kind of output, nor in a run folder
+    check_replace(out, TOKEN_CACHE, out_setting)
     identity = source.identity()
-    if not force and (cache := _current(out, identity, request)) is not None:
-        return cache
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with locked(out.parent / f".{out.name}.prepare.lock"):
-        # another process may have built it while this one waited for the lock
-        if not force and (cache := _current(out, identity, request)) is not None:
-            return cache
-        with atomic_directory(out, is_cache_folder) as tmp:
-            _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
-        return open_cache(out)
+    if force or (cache := _current(out, identity, request)) is None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with locked(out.parent / f".{out.name}.prepare.lock"):
+            # another process may have built it while this one waited for the lock
+            if force or (cache := _current(out, identity, request)) is None:
+                with out_of_room(out), atomic_directory(out, is_cache_folder) as tmp:
+                    _build(source, tokenizer, vocab_size, request, identity, tmp, progress)
+                cache = open_cache(out)
+    if (shortfall := vocab_shortfall(cache)) is not None:
+        warnings.warn(shortfall, stacklevel=1)
+    return cache
+
+
+def vocab_shortfall(cache: TokenCache) -> str | None:
+    """For a cache whose trained BPE has fewer tokens than were asked for (its train split has
+    no more pairs to merge), one line saying so, naming both numbers; else None."""
+    tokenizer = cache.manifest["tokenizer"]
+    requested = tokenizer.get("request", {}).get("vocab_size")
+    if requested is None or cache.vocab_size >= requested:
+        return None
+    return (f"BPE vocabulary {cache.vocab_size:,}, not the {requested:,} asked for: the train "
+            f"split of {cache.manifest['source']['source']} has no more pairs to merge (all "
+            f"were learnt); cache {cache.path or cache.directory}")
 
 
 def _current(out: Path, identity: dict, request: dict) -> TokenCache | None:
@@ -271,10 +301,16 @@ def open_run_cache(data: Any, model_vocab_size: int, is_main: bool = True,
     """The token cache a run's data config (``source``, ``path``, ``tokenizer``,
     ``bpe_vocab_size``, ``cache_dir``) names: prepared by the main process first, then reused
     by the others; its vocabulary must fit ``model_vocab_size``."""
+    if data.source not in SOURCES:
+        from ecp_lm.data.images import PIXEL_DATASETS
+
+        raise ValueError(f"data.source={data.source!r} is not a source; text sources: "
+                         f"{', '.join(SOURCES)}; pixel datasets: {', '.join(PIXEL_DATASETS)}")
+
     def build(progress: bool) -> TokenCache:
         source = open_source(data.source, data.path)  # may fetch: the main process goes first
         return prepare(source, data.tokenizer, data.bpe_vocab_size, data.cache_dir,
-                       progress=progress)
+                       progress=progress, out_setting="data.cache_dir")
 
     cache = build(progress) if is_main else None
     barrier()
@@ -287,10 +323,12 @@ def open_run_cache(data: Any, model_vocab_size: int, is_main: bool = True,
 def describe(cache: TokenCache) -> str:
     """The manifest as a table: tokens, bytes, words, tokens per word, bytes per token."""
     m = cache.manifest
+    asked = m["tokenizer"].get("request", {}).get("vocab_size")
+    short = f" (of {asked:,} asked for)" if vocab_shortfall(cache) is not None else ""
     lines = [f"cache      {cache.path or cache.directory}",
              f"source     {m['source']['source']} (sha256 {m['source']['hash'][:16]}…, "
              f"{m['source']['files']} file(s))",
-             f"tokenizer  {m['tokenizer']['kind']}, vocab {m['tokenizer']['vocab_size']}, "
+             f"tokenizer  {m['tokenizer']['kind']}, vocab {m['tokenizer']['vocab_size']}{short}, "
              f"identity {m['tokenizer']['identity'][:16]}…, stored as {m['dtype']}",
              "",
              f"{'split':<6} {'tokens':>13} {'bytes':>13} {'words':>12} {'lines':>10} "

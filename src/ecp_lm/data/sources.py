@@ -11,6 +11,7 @@ in place).
 from __future__ import annotations
 
 import bz2
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,15 +40,21 @@ def _whole(path: Path) -> tuple[Path, int, int]:
 
 
 def _fraction_ranges(files: Sequence[Path], fractions: Sequence[float]) -> dict[str, list]:
-    """Split the concatenation of ``files`` by byte fractions into train/valid/test ranges."""
-    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
-        raise ValueError(f"split fractions {list(fractions)} must be three non-negative numbers "
-                         f"summing to 1")
+    """Split the concatenation of ``files`` by byte fractions into train/valid/test ranges,
+    none of them empty."""
+    if (len(fractions) != 3 or not all(math.isfinite(f) and f >= 0 for f in fractions)
+            or abs(sum(fractions) - 1) > 1e-6):
+        raise ValueError(f"split fractions {list(fractions)} must be three finite numbers >= 0 "
+                         f"(train, valid, test) summing to 1")
     sizes = [p.stat().st_size for p in files]
     total = sum(sizes)
     bounds = [0, round(total * fractions[0]), round(total * (fractions[0] + fractions[1])), total]
     out: dict[str, list] = {}
     for split, lo, hi in zip(SPLITS, bounds, bounds[1:], strict=False):
+        if lo >= hi:
+            raise ValueError(f"split fractions {list(fractions)} give the {split} split none of "
+                             f"the {total:,} bytes of {', '.join(map(str, files[:3]))}"
+                             f"{' and more' if len(files) > 3 else ''}")
         parts, offset = [], 0
         for path, size in zip(files, sizes, strict=True):
             a, b = max(lo - offset, 0), min(hi - offset, size)
@@ -56,6 +63,18 @@ def _fraction_ranges(files: Sequence[Path], fractions: Sequence[float]) -> dict[
             offset += size
         out[split] = parts
     return out
+
+
+def _check_distinct(files: Sequence[tuple[str, Path]]) -> None:
+    """ValueError for a file met twice among ``files``, (how it was given, file) pairs: its text
+    would be in two splits (valid or test text inside train), or twice in one."""
+    seen: dict[Path, str] = {}
+    for given, path in files:
+        key = path.resolve()
+        if key in seen:
+            raise ValueError(f"text: {path} is given twice ({seen[key]}; {given}): its text "
+                             f"would be in two splits, or twice in one; give each file once")
+        seen[key] = given
 
 
 class WikiText103(TextSource):
@@ -124,16 +143,24 @@ class TextFiles(TextSource):
 
     def __init__(self, paths: Sequence[str | Path] = (), splits: dict[str, str | Path] | None =
                  None, fractions: Sequence[float] = (0.9, 0.05, 0.05)):
+        if splits and paths:
+            raise ValueError(f"text: give either paths split by fractions ({paths[0]}) or a "
+                             f"file or folder per split ({next(iter(splits.values()))}), "
+                             f"not both")
         if splits:
             missing = [s for s in SPLITS if s not in splits]
             if missing:
                 raise ValueError(f"text: no file given for split(s) {', '.join(missing)}")
-            self.split_ranges = {s: [_whole(p) for p in _expand(splits[s])] for s in SPLITS}
+            files = {s: _expand(splits[s]) for s in SPLITS}
+            _check_distinct([(f"{s} {splits[s]}", p) for s in SPLITS for p in files[s]])
+            self.split_ranges = {s: [_whole(p) for p in files[s]] for s in SPLITS}
             self._location: object = {s: str(Path(splits[s]).resolve()) for s in SPLITS}
         else:
-            files = [p for path in paths for p in _expand(path)]
-            if not files:
+            given = [(str(path), p) for path in paths for p in _expand(path)]
+            if not given:
                 raise ValueError(f"text: no files in {', '.join(map(str, paths)) or 'no path'}")
+            _check_distinct(given)
+            files = [p for _, p in given]
             self.split_ranges = _fraction_ranges(files, fractions)
             self._location = {"paths": [str(Path(p).resolve()) for p in paths],
                               "fractions": [float(f) for f in fractions]}

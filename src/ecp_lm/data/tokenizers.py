@@ -28,6 +28,12 @@ from tokenizers import Tokenizer as _HFCore
 from ecp_lm.data.hub import hub_file, is_hub, parse_hub
 
 TOKENIZER_FILE = "tokenizer.json"
+BYTE_ALPHABET = 256
+DEFAULT_BPE_VOCAB = 4096
+MAX_BPE_VOCAB = 1 << 20
+"""The largest BPE vocabulary ``train_bpe`` trains (1,048,576): the trainer allocates memory in
+proportion to the request before it reads any text (10**10 aborts the process), and real
+vocabularies stay far below it (GPT-2: 50,257)."""
 _BYTES_MARKER = {"ecp_lm_tokenizer": "bytes", "version": 1}
 # The GPT-2 pre-tokenization regex; also what pre_tokenizers.ByteLevel(use_regex=True) applies.
 GPT2_PATTERN = (
@@ -193,13 +199,24 @@ def _byte_level_core(model: models.Model, split_gpt2_regex: bool) -> _HFCore:
     return tokenizer
 
 
+def check_bpe_vocab_size(vocab_size: int, setting: str = "vocab_size") -> None:
+    """ValueError unless ``vocab_size`` is a BPE vocabulary ``train_bpe`` can train: above the
+    256 bytes, at most ``MAX_BPE_VOCAB``. ``setting`` is what the message calls it: a config key
+    (``vocab_size=...``) or an option (``--vocab-size ...``)."""
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int) \
+            or not BYTE_ALPHABET < vocab_size <= MAX_BPE_VOCAB:
+        given = f"{setting} {vocab_size!r}" if setting.startswith("-") else \
+            f"{setting}={vocab_size!r}"
+        raise ValueError(f"{given} must be an integer from {BYTE_ALPHABET + 1} (the byte-level "
+                         f"alphabet and one merge) to {MAX_BPE_VOCAB:,}")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, show_progress: bool = False) -> HFTokenizer:
-    """Byte-level BPE (GPT-2 style, no special tokens); deterministic for the same input."""
+    """Byte-level BPE (GPT-2 style, no special tokens); deterministic for the same input. Its
+    vocabulary is ``vocab_size``, or less when the texts have fewer pairs to merge (every merge
+    they have is then learnt)."""
+    check_bpe_vocab_size(vocab_size)
     alphabet = pre_tokenizers.ByteLevel.alphabet()
-    if vocab_size <= len(alphabet):
-        raise ValueError(
-            f"vocab_size={vocab_size} must exceed the byte-level alphabet size {len(alphabet)}"
-        )
     tokenizer = _byte_level_core(models.BPE(), split_gpt2_regex=False)
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size, initial_alphabet=alphabet, show_progress=show_progress,

@@ -33,7 +33,9 @@ from ecp_lm.evaluate.scoring import (
     score_stream_cached,
     scored_text,
     window_length,
+    window_plan,
 )
+from ecp_lm.progress import note
 from ecp_lm.run.config import PATHLESS_SOURCES
 from ecp_lm.runtime import autocast, resolve_device, resolve_precision
 
@@ -76,9 +78,11 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     ``precision`` (fp32, bf16, fp16, auto) defaults to the run's training precision, the one its
     validation (and so its ``best/`` checkpoint) was scored under. ``seq_len`` scores with
     windows of that length T instead of the run's N (``window_length``); the default stride is
-    then min(T/2, l). ``start``: the stream begins at that token of the (cut) split, so that
-    its first target is ``start + T - stride + 1``: two window lengths score the same targets
-    when their starts differ by the difference of their first targets."""
+    then min(T/2, l·T/N) for T > N (``default_stride``). Before scoring, a line on stderr
+    (``progress``) says how many windows and tokens that is. ``start``: the stream begins at
+    that token of the (cut) split, so that its first target is ``start + T - stride + 1``: two
+    window lengths score the same targets when their starts differ by the difference of their
+    first targets."""
     _check_eval_args(split, stride, batch_size, max_tokens)
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ValueError(f"start={start!r} must be an integer >= 0")
@@ -96,11 +100,13 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)
     tokens = cache.tokens(split)
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
-    stride = stride if stride is not None else default_stride(n, cfg.model.resolved().latent_len)
+    if stride is None:
+        stride = default_stride(n, cfg.model.resolved().latent_len, cfg.model.seq_len)
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
-    end = len(tokens)
-    nll, count = score_stream(model, tokens[start:], n, stride, batch_size, run.device,
-                              run.context, progress=progress)
+    end, stream = len(tokens), tokens[start:]
+    note(window_plan(len(stream), n, stride), progress)
+    nll, count = score_stream(model, stream, n, stride, batch_size, run.device, run.context,
+                              progress=progress)
     report = lm_report(nll, count, scored_text(cache, split, start + n - stride + 1, end))
     return {**run.head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
 
@@ -126,6 +132,9 @@ def per_position_checkpoint(path: str | Path, split: str = "valid", seq_len: int
     cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)
     tokens = cache.tokens(split)
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
+    num_windows = (len(tokens) - 1) // window
+    note(f"scoring {num_windows:,} windows of {window:,} tokens, one after the other",
+         progress and num_windows > 0)
     result = per_position_loss(model, tokens, window, batch_size, run.device, run.context,
                                progress=progress)
     shown = Path(os.path.abspath(run.ckpt.path))
@@ -153,11 +162,45 @@ def stream_checkpoint(path: str | Path, split: str = "valid", chunk_len: int | N
     cache = _eval_cache(cfg, run.ckpt.directory, run.ckpt.tokenizer(), data_path, progress)
     tokens = cache.tokens(split)
     tokens = tokens[:max_tokens] if max_tokens is not None else tokens
+    note(f"scoring {len(tokens) - 1:,} targets as one stream in chunks of {chunk_len:,} "
+         f"tokens", progress and len(tokens) > 1)
     nll, count = score_stream_cached(model, tokens, chunk_len, run.device, run.context,
                                      progress=progress)
     report = lm_report(nll, count, scored_text(cache, split, 1, len(tokens)))
     return {**run.head, "data": str(cache.path), "mode": "stream", "chunk_len": chunk_len,
             **report}
+
+
+def checkpoint_report(path: str | Path, split: str = "valid", *, stride: int | None = None,
+                      seq_len: int | None = None, batch_size: int = 16,
+                      max_tokens: int | None = None, device: str = "cpu",
+                      precision: str | None = None, data_path: str | None = None,
+                      stream: bool = False, chunk_len: int | None = None,
+                      per_position: bool = False, progress: bool = True) -> dict[str, Any]:
+    """``ecp eval``'s report of a checkpoint: the windowed score (``evaluate_checkpoint``), or
+    with ``stream`` the stream score (``stream_checkpoint``), or with ``per_position`` the loss
+    against position (``per_position_checkpoint``); options a mode does not use are refused,
+    named as ``ecp eval`` names them."""
+    resolve_device(device, "--device")  # here, so that an error names the option
+    if stream:
+        for flag, value in (("--stride", stride), ("--seq-len", seq_len),
+                            ("--per-position", per_position or None)):
+            if value is not None:
+                raise ValueError(f"--stream does not combine with {flag}: it scores every "
+                                 f"target once, with all the context before it, in chunks of "
+                                 f"--chunk-len")
+        return stream_checkpoint(path, split, chunk_len, device, max_tokens, data_path,
+                                 progress=progress, precision=precision)
+    if chunk_len is not None:
+        raise ValueError("--chunk-len applies only to --stream")
+    if per_position:
+        if stride is not None:
+            raise ValueError("--stride does not apply to --per-position, whose windows do not "
+                             "overlap")
+        return per_position_checkpoint(path, split, seq_len, batch_size, device, max_tokens,
+                                       data_path, progress=progress, precision=precision)
+    return evaluate_checkpoint(path, split, stride, batch_size, device, max_tokens, data_path,
+                               progress=progress, precision=precision, seq_len=seq_len)
 
 
 def _check_eval_args(split: str, stride: int | None, batch_size: int,

@@ -91,15 +91,18 @@ def per_position_loss(model: nn.Module, tokens: np.ndarray, window: int, batch_s
     model.eval()
     nll_sum = torch.zeros(window, dtype=torch.float64, device=device)
     count = torch.zeros(window, dtype=torch.long, device=device)
-    for first in bar(range(0, num_windows, batch_size), desc="per-position", enabled=progress):
-        rows = [np.asarray(tokens[i * window:(i + 1) * window + 1], dtype=np.int64)
-                for i in range(first, min(first + batch_size, num_windows))]
-        batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, W + 1)
-        with autocast or nullcontext():
-            nll = window_nll(model, batch)  # (B, P): the last P positions
-        p = nll.size(1)
-        nll_sum[window - p:] += nll.double().sum(0)
-        count[window - p:] += nll.size(0)
+    with bar(total=num_windows, desc="per-position", unit="window",
+             enabled=progress) as progress_bar:
+        for first in range(0, num_windows, batch_size):
+            rows = [np.asarray(tokens[i * window:(i + 1) * window + 1], dtype=np.int64)
+                    for i in range(first, min(first + batch_size, num_windows))]
+            batch = torch.from_numpy(np.stack(rows)).to(device)  # (B, W + 1)
+            with autocast or nullcontext():
+                nll = window_nll(model, batch)  # (B, P): the last P positions
+            p = nll.size(1)
+            nll_sum[window - p:] += nll.double().sum(0)
+            count[window - p:] += nll.size(0)
+            progress_bar.update(len(rows))
     model.train(was_training)
     return PositionLoss(window, num_windows, nll_sum.cpu().numpy(), count.cpu().numpy())
 

@@ -11,9 +11,10 @@ Transformer-XL's and kNN-LM's perplexities count) and the counts behind them (by
 words_scored, lines_scored).
 
 The window may be longer than the run's N (``seq_len``) for architectures that accept any input
-length (``model.arch.max_len is None``: ecp and the local baselines); the default stride is then
-the same rule applied to the window T: min(T/2, l). Every other architecture scores windows of at
-most its N.
+length (``model.arch.max_len is None``: ecp and the local baselines); the default stride then
+grows with the window in the run's proportion, min(T/2, l·T/N), so that a window T scores about
+as many windows as N does rather than T/N times as many, each T/N times as long. Every other
+architecture scores windows of at most its N.
 
 Stream scoring (``score_stream_cached``), for those same architectures: the split is read as one
 stream through the model's KV caches, chunk by chunk, so that every target from stream index 1
@@ -24,6 +25,7 @@ fixed by the rings' capacity and the chunk length, not by the split's.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 
@@ -32,14 +34,32 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ecp_lm.data.batches import eval_groups, window_batch
+from ecp_lm.data.batches import eval_groups, eval_windows, window_batch
 from ecp_lm.data.cache import TokenCache
+from ecp_lm.interrupts import AbandonedError
 from ecp_lm.model.model import LanguageModel
 from ecp_lm.progress import bar
 
 
-def default_stride(seq_len: int, latent_len: int) -> int:
+def default_stride(seq_len: int, latent_len: int, trained_len: int | None = None) -> int:
+    """SPEC §6's default stride for windows of ``seq_len`` tokens: min(N/2, l). A window T
+    longer than the run's own N (``trained_len``) scales l with it, min(T/2, l·T/N): the
+    stride keeps its share of the window (half of it for l = N/2), so the number of windows,
+    each T tokens through the model, does not grow with T."""
+    if trained_len is not None and seq_len > trained_len:
+        latent_len = latent_len * seq_len // trained_len
     return min(seq_len // 2, latent_len)
+
+
+def window_plan(num_tokens: int, seq_len: int, stride: int) -> str:
+    """One line saying what scoring a stream of ``num_tokens`` costs: the windows, the targets
+    scored and the tokens run through the model. ValueError if the stream holds no window."""
+    windows = len(eval_windows(num_tokens, seq_len, stride))
+    targets = num_tokens - 1 - (seq_len - stride)
+    computed = windows * seq_len
+    return (f"scoring {windows:,} windows of {seq_len:,} tokens at stride {stride:,}: "
+            f"{targets:,} targets, {computed:,} tokens through the model "
+            f"({computed / targets:.1f} per target)")
 
 
 def check_stride(stride: int, seq_len: int, num_predicted: int, arch: str) -> None:
@@ -70,30 +90,40 @@ def scored_text(cache: TokenCache, split: str, start: int, stop: int) -> ScoredT
 def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int,
                  batch_size: int = 16, device: torch.device | str = "cpu",
                  autocast: AbstractContextManager | None = None, rank: int = 0,
-                 world_size: int = 1, progress: bool = False) -> tuple[float, int]:
+                 world_size: int = 1, progress: bool = False,
+                 stop: Callable[[], bool] | None = None) -> tuple[float, int]:
     """(nll_sum in nats, tokens scored) over the stream. With ``world_size`` > 1 each rank
     scores every world_size-th batch and the sums are all-reduced; every rank runs the same
     number of forward passes (a rank past the end repeats a batch and counts nothing), as
-    FSDP's collectives require."""
+    FSDP's collectives require. On one process, ``stop()`` is asked before each batch: when
+    it says so, ``interrupts.AbandonedError`` is raised (the model's mode put back)."""
     was_training = model.training
     model.eval()
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
     count = torch.zeros((), dtype=torch.long, device=device)
     groups = eval_groups(len(tokens), seq_len, stride, batch_size)
     rounds = -(-len(groups) // world_size)
-    for r in bar(range(rounds), desc="eval", enabled=progress):
-        index = r * world_size + rank
-        batch, num_scored = window_batch(tokens, groups[min(index, len(groups) - 1)], seq_len)
-        batch = batch.to(device)
-        with autocast or nullcontext():
-            nll = window_nll(model, batch)  # (B, P)
-        if index >= len(groups):
-            continue
-        p = nll.size(1)
-        keep = torch.arange(p, device=device)[None, :] >= p - torch.tensor(
-            num_scored, device=device)[:, None]  # the last num_scored positions of each row
-        nll_sum += nll[keep].double().sum()
-        count += keep.sum()
+    with bar(total=sum(map(len, groups)), desc="eval", unit="window",
+             enabled=progress) as progress_bar:
+        for r in range(rounds):
+            if stop is not None and world_size == 1 and stop():
+                model.train(was_training)
+                raise AbandonedError(f"scoring stopped after {r} of {rounds} batches")
+            index = r * world_size + rank
+            batch, num_scored = window_batch(tokens, groups[min(index, len(groups) - 1)],
+                                             seq_len)
+            batch = batch.to(device)
+            with autocast or nullcontext():
+                nll = window_nll(model, batch)  # (B, P)
+            # the windows every rank scored in this round
+            progress_bar.update(sum(map(len, groups[r * world_size:(r + 1) * world_size])))
+            if index >= len(groups):
+                continue
+            p = nll.size(1)
+            keep = torch.arange(p, device=device)[None, :] >= p - torch.tensor(
+                num_scored, device=device)[:, None]  # the last num_scored positions of each row
+            nll_sum += nll[keep].double().sum()
+            count += keep.sum()
     if world_size > 1:
         torch.distributed.all_reduce(nll_sum)
         torch.distributed.all_reduce(count)

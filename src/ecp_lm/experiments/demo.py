@@ -25,7 +25,7 @@ from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import RunConfig
 from ecp_lm.run.folder import holds_runs
-from ecp_lm.train.loop import train_or_resume
+from ecp_lm.training.loop import train_or_resume
 
 ARCHS = ("ecp", "perceiver_ar")
 
@@ -39,7 +39,10 @@ def _sample(run: Path, prompt: str, new_tokens: int) -> str:
 
 
 def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
-             progress: bool = True) -> dict[str, Any]:
+             progress: bool = True, max_eval_tokens: int | None = None) -> dict[str, Any]:
+    """Train, score and sample both models into ``out_dir``. ``steps`` shortens the training;
+    ``max_eval_tokens`` scores only the first tokens of the validation and test splits (a quick
+    check: the table's numbers are then not the test split's)."""
     if steps is not None and steps < 1:
         raise ValueError(f"steps={steps} must be >= 1")
     out_dir = output_folder(out_dir, "demo", legacy=holds_runs)
@@ -47,12 +50,15 @@ def run_demo(out_dir: str | Path = "runs/demo", steps: int | None = None,
     rows = []
     for arch in ARCHS:
         overrides = [f"model.arch={arch}"] + ([f"train.steps={steps}"] if steps is not None else [])
+        if max_eval_tokens is not None:
+            overrides.append(f"train.eval_max_tokens={max_eval_tokens}")
         cfg = RunConfig.load("demo", overrides)
         run = out_dir / arch
         if progress:
             print(f"== training {arch} ({cfg.train.steps} steps) -> {run}", flush=True)
         seconds = train_or_resume(cfg, run, progress)
-        report = evaluate_checkpoint(run / "best", "test", progress=progress)
+        report = evaluate_checkpoint(run / "best", "test", progress=progress,
+                                     max_tokens=max_eval_tokens)
         speeds = [r["tokens_per_s"] for r in read_metrics(run)["train"]]
         rows.append({"arch": arch, "params": report["params"], "steps": cfg.train.steps,
                      "train_tokens_per_s": statistics.median(speeds),

@@ -32,7 +32,7 @@ from ecp_lm.plot import plot_runs, read_metrics
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import RunConfig
 from ecp_lm.run.folder import holds_runs
-from ecp_lm.train.loop import train_or_resume
+from ecp_lm.training.loop import train_or_resume
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 from transformers import PretrainedConfig
 
 from ecp_lm.config import ModelConfig, saved_fields
+from ecp_lm.outputs import EXPORT
 
-MODEL_TYPE = "ecp_lm"
+MODEL_TYPE = EXPORT.value
 FIELDS = tuple(f.name for f in fields(ModelConfig))
 _DEFAULTS = ModelConfig().to_dict()  # every default is a plain value (no factories)
 
@@ -40,6 +41,7 @@ class EcpLmConfig(PretrainedConfig):
                  latent_len: int | None = None, num_segments: int = _DEFAULTS["num_segments"],
                  compressed_len: int | None = None, window: int | None = None,
                  block_len: int | None = None, group_len: int | None = None,
+                 sink_tokens: int = _DEFAULTS["sink_tokens"],
                  ff_mult: int = _DEFAULTS["ff_mult"], dropout: float = _DEFAULTS["dropout"],
                  rope: str = _DEFAULTS["rope"], tied_kv: bool = _DEFAULTS["tied_kv"],
                  tie_embeddings: bool = _DEFAULTS["tie_embeddings"],
@@ -50,7 +52,8 @@ class EcpLmConfig(PretrainedConfig):
         values = dict(arch=arch, vocab_size=vocab_size, d_model=d_model, n_layers=n_layers,
                       n_heads=n_heads, seq_len=seq_len, latent_len=latent_len,
                       num_segments=num_segments, compressed_len=compressed_len, window=window,
-                      block_len=block_len, group_len=group_len, ff_mult=ff_mult,
+                      block_len=block_len, group_len=group_len, sink_tokens=sink_tokens,
+                      ff_mult=ff_mult,
                       dropout=dropout, rope=rope, tied_kv=tied_kv,
                       tie_embeddings=tie_embeddings, attn_impl=attn_impl,
                       num_classes=num_classes, layer_pattern=layer_pattern,

@@ -15,7 +15,9 @@ offline in two ways:
   tokenizer is then an ``EcpLmTokenizer``, whose BOS id is the line end's (tokenizer.py).
 
 It is written atomically (``fsutil.atomic_directory``): a kill leaves the previous export or
-none, never half of one.
+none, never half of one, and so does a write that fails (a full disk: ``fsutil.WriteError``, one
+line). Only an earlier export is replaced (``outputs.check_replace``): never a checkpoint, a run
+folder, a token cache or a user's folder, and nothing inside a run folder or a checkpoint.
 """
 
 from __future__ import annotations
@@ -25,10 +27,10 @@ import os
 from pathlib import Path
 
 from ecp_lm.data.tokenizers import Tokenizer
-from ecp_lm.fsutil import atomic_directory, check_replaceable, current_version, file_mode
-from ecp_lm.hf.config import MODEL_TYPE
+from ecp_lm.fsutil import atomic_directory, current_version, file_mode, writing
 from ecp_lm.hf.model import EcpLmForCausalLM
 from ecp_lm.hf.tokenizer import EcpLmTokenizer
+from ecp_lm.outputs import EXPORT, check_replace
 from ecp_lm.run.checkpoint import read_checkpoint
 
 REMOTE_MODULE = "modeling_ecp_lm"
@@ -64,18 +66,15 @@ def save_tokenizer(tokenizer: EcpLmTokenizer, folder: Path) -> None:
 def is_export_folder(path: Path) -> bool:
     """Whether ``path`` holds an ecp-lm model's ``config.json`` (an export an earlier release
     wrote in place, which a new export may replace)."""
-    try:
-        return json.loads((Path(path) / "config.json").read_text()).get("model_type") == MODEL_TYPE
-    except (OSError, ValueError, AttributeError):
-        return False
+    return EXPORT.holds(path)
 
 
 def export_checkpoint(ckpt: str | Path, out: str | Path) -> list[str]:
     """Write the Hugging Face folder ``out`` for the checkpoint (or run folder) ``ckpt``;
     returns the names of the files written. ValueError for a classification model, and for an
-    ``out`` that is not empty and not an earlier export (``fsutil.check_replaceable``)."""
+    ``out`` that is not empty and not an earlier export (``outputs.check_replace``)."""
     out = Path(out)
-    check_replaceable(out, is_export_folder)  # before any work: never over a user's folder
+    check_replace(out, EXPORT)  # before any work: never over a user's folder or another output
     checkpoint = read_checkpoint(ckpt)
     cfg = checkpoint.config.model
     if cfg.num_classes is not None:
@@ -85,7 +84,7 @@ def export_checkpoint(ckpt: str | Path, out: str | Path) -> list[str]:
     has_tokenizer = (checkpoint.directory / "tokenizer.json").is_file()
     tokenizer = to_transformers_tokenizer(checkpoint.tokenizer()) if has_tokenizer else None
     model.config.auto_map = MODEL_AUTO_MAP
-    with atomic_directory(out, is_export_folder) as tmp:
+    with writing(out), atomic_directory(out, is_export_folder) as tmp:
         model.save_pretrained(tmp)
         (tmp / f"{REMOTE_MODULE}.py").write_text(REMOTE_CODE)
         if tokenizer is not None:

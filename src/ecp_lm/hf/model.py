@@ -17,13 +17,18 @@ tokens), but a perceiver-family row is right-aligned in its window, so its posit
 where the row ends. Such a call, a perceiver-family batch in which a row ends in token 0 (which
 may be that padding), is refused (``check_harness_padding``); an all-ones mask, or
 ``logits_to_keep`` (what ``generate`` passes: the rows' last positions), says the rows are whole.
+
+Weights ``from_pretrained`` cannot read (a truncated or damaged ``model.safetensors``) are one
+``ValueError`` naming the file, instead of safetensors' error deep inside transformers.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any, ClassVar
 
 import torch
+from safetensors import SafetensorError
 from torch import Tensor, nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
@@ -59,6 +64,20 @@ class EcpLmForCausalLM(PreTrainedModel, GenerationMixin):
                              f"causal language model")
         self.model = LanguageModel(cfg)
         self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike | None,
+                        *args: Any, **kwargs: Any) -> EcpLmForCausalLM:
+        """transformers' ``from_pretrained`` (also under ``trust_remote_code``, whose module
+        names this class); weights it cannot read are a ``ValueError`` naming the file."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as err:
+            name = os.fspath(pretrained_model_name_or_path or "")
+            weights = (os.path.join(name, "model.safetensors") if os.path.isdir(name)
+                       else f"the model.safetensors of {name}")
+            raise ValueError(f"{weights} is unreadable ({err}): the export is truncated or "
+                             f"damaged; write it again with ecp export") from None
 
     @classmethod
     def from_language_model(cls, model: LanguageModel) -> EcpLmForCausalLM:

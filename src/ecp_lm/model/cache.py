@@ -1,11 +1,12 @@
 """Key/value caches for incremental decoding: one small module per layer.
 
 A cache is a ring of ``capacity`` preallocated slots per batch row: position p lives in slot
-``p % capacity``, and ``pos`` (B, capacity) records which absolute position every slot holds
-(-1: empty). A decode step attends over all the slots with the architecture's own mask predicate
-on those positions, and nothing else: exact by construction, and of fixed shape, so that one
-compiled graph serves every step (no slice grows, no Python branch reads the cache's state).
-Rows may stand at different positions (batched prompts of different lengths, ``stack``).
+``p % capacity`` (sink slots aside, below), and ``pos`` (B, capacity) records which absolute
+position every slot holds (-1: empty). A decode step attends over all the slots with the
+architecture's own mask predicate on those positions, and nothing else: exact by construction,
+and of fixed shape, so that one compiled graph serves every step (no slice grows, no Python
+branch reads the cache's state). Rows may stand at different positions (batched prompts of
+different lengths, ``stack``).
 Several new positions at once (a chunk, ``LanguageModel.hidden_states``) attend, before they
 are written, over the keys and values of the ring as it stood before them plus their own: those
 positions the architecture's kernel needs from the ring, in order (``prepend``), so that a chunk
@@ -21,6 +22,9 @@ parameters' dtype, or the autocast dtype when generation runs under ``torch.auto
   are overwritten. Memory and work per token stay O(L·2m·d) however long the generation runs.
 - sliding_window, block_local, s2: rings of w, b and G slots, for the same reason (the
   architecture's ``cache_capacity``: the most positions any of its queries sees).
+- sliding_window with ``sink_tokens`` = k: k sink slots before the ring of w. Positions 0 .. k - 1
+  live in slots 0 .. k - 1 and are never overwritten; position p >= k lives in slot
+  k + (p - k) mod w (``slot``). With k = 0 that is p mod capacity.
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from torch import Tensor, nn
 
 class KVCache(nn.Module):
     def __init__(self, batch_size: int, n_heads: int, capacity: int, head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
+                 sinks: int = 0):
         super().__init__()
+        if not 0 <= sinks < capacity:
+            raise ValueError(f"sinks={sinks} must lie in 0..capacity-1={capacity - 1}")
         shape = (batch_size, n_heads, capacity, head_dim)
         self.register_buffer("k", torch.zeros(shape, dtype=dtype, device=device),
                              persistent=False)
@@ -44,6 +51,10 @@ class KVCache(nn.Module):
         self.register_buffer("pos", torch.full((batch_size, capacity), -1, dtype=torch.long,
                                                device=device), persistent=False)
         self.capacity = capacity
+        self.sinks = sinks
+        """Leading slots that hold positions 0 .. sinks - 1 for good (attention sinks)."""
+        self.ring = capacity - sinks
+        """Slots that hold the latest positions from ``sinks`` on, overwritten in turn."""
         # Host-side bookkeeping of the eager API (never read by a decode step): per row, the
         # first position written and the position the next write continues at.
         self.origin: list[int] = [0] * batch_size
@@ -75,17 +86,28 @@ class KVCache(nn.Module):
         slots = self.filled if used_only else self.capacity
         return 2 * self.k[:, :, :slots].numel() * self.k.element_size()
 
+    def slot(self, pos: Tensor) -> Tensor:
+        """The slot of each absolute position in ``pos`` (tensor operations only)."""
+        if not self.sinks:
+            return pos % self.capacity
+        return torch.where(pos < self.sinks, pos, self.sinks + (pos - self.sinks) % self.ring)
+
     def update(self, input_pos: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """Write keys/values (B, H, R, D) at positions ``input_pos`` (R,), the same in every row,
-        continuing the positions written before; keeps the last ``capacity``. Returns the whole
-        ring: keys, values and the positions (B, capacity) their slots hold. Queries of these
-        positions attend before the write (``Attention._attend_cached``): a later position's
-        slot may hold one an earlier position sees."""
+        continuing the positions written before; keeps the last ``capacity`` (with sink slots:
+        the sinks and the last ``ring``). Returns the whole ring: keys, values and the positions
+        (B, capacity) their slots hold. Queries of these positions attend before the write
+        (``Attention._attend_cached``): a later position's slot may hold one an earlier
+        position sees."""
         self.next_pos = [p + input_pos.numel() for p in self.next_pos]
-        if input_pos.numel() > self.capacity:
+        if self.sinks and input_pos.numel() > self.ring:
+            # the sinks and the last ``ring`` positions: each slot written once
+            keep = (input_pos < self.sinks) | (input_pos > input_pos[-1] - self.ring)
+            input_pos, k, v = input_pos[keep], k[:, :, keep], v[:, :, keep]
+        elif input_pos.numel() > self.capacity:
             input_pos, k, v = (input_pos[-self.capacity:], k[:, :, -self.capacity:],
                                v[:, :, -self.capacity:])
-        slots = input_pos % self.capacity
+        slots = self.slot(input_pos)
         self.k[:, :, slots] = k.to(self.k.dtype)
         self.v[:, :, slots] = v.to(self.v.dtype)
         self.pos[:, slots] = input_pos
@@ -95,17 +117,20 @@ class KVCache(nn.Module):
                 ) -> tuple[Tensor, Tensor] | None:
         """Keys and values (B, H, R, D) of R positions from ``stop`` on, with those of positions
         ``start`` .. ``stop`` - 1 in front, read from the ring in position order: (B, H,
-        stop - start + R, D) in the cache's dtype. The ring holds the last ``capacity`` before
+        stop - start + R, D) in the cache's dtype. The ring holds the last ``ring`` before
         ``stop``; any older ones (which no query from ``stop`` on sees) are zeros. None where a
         row's slots do not hold exactly those positions (not written, or stacked rows that
         differ). Reads ``pos`` back to check: one host sync, for eager chunks only."""
         if not 0 <= start <= stop:
             return None
-        first = max(start, stop - self.capacity)
-        a = first % self.capacity
-        b = a + stop - first
-        # The positions first .. stop - 1 occupy consecutive slots, wrapping at most once.
-        parts = [slice(a, min(b, self.capacity)), slice(0, max(0, b - self.capacity))]
+        first = max(start, stop - self.ring)
+        if self.sinks:  # sink slots and the ring: read the slots of first .. stop - 1
+            parts = [self.slot(torch.arange(first, stop, device=self.pos.device))]
+        else:
+            a = first % self.capacity
+            b = a + stop - first
+            # The positions first .. stop - 1 occupy consecutive slots, wrapping at most once.
+            parts = [slice(a, min(b, self.capacity)), slice(0, max(0, b - self.capacity))]
         held = torch.cat([self.pos[:, part] for part in parts], dim=1)  # (B, stop - first)
         expected = torch.arange(first, stop, device=held.device)
         if not torch.equal(held, expected.expand_as(held)):
@@ -122,7 +147,7 @@ class KVCache(nn.Module):
         """One new position per row: ``pos`` (B,) int64, keys/values (B, H, 1, D). Tensor
         operations only (no host sync, fixed shapes): the decode step's write."""
         rows = torch.arange(pos.numel(), device=pos.device)
-        slots = pos % self.capacity
+        slots = self.slot(pos)
         self.k[rows, :, slots] = k[:, :, 0].to(self.k.dtype)
         self.v[rows, :, slots] = v[:, :, 0].to(self.v.dtype)
         self.pos[rows, slots] = pos
@@ -146,7 +171,7 @@ class KVCache(nn.Module):
         first = caches[0]
         _, heads, capacity, head_dim = first.k.shape
         out = cls(sum(c.k.size(0) for c in caches), heads, capacity, head_dim, first.k.dtype,
-                  first.k.device)
+                  first.k.device, first.sinks)
         out.k.copy_(torch.cat([c.k for c in caches]))
         out.v.copy_(torch.cat([c.v for c in caches]))
         out.pos.copy_(torch.cat([c.pos for c in caches]))

@@ -137,7 +137,12 @@ class Attention(nn.Module):
         if held is None:
             return None
         keys, values = (x.to(q.dtype) for x in held)  # (B, H, pos - start + R, D)
-        return self._attend(q, keys, values, Rows.span(start, rows.main.stop))
+        sinks = self.arch.cached_sinks(start)  # before ``start``, from the sink slots
+        if len(sinks):
+            slots = cache.slot(torch.arange(sinks.start, sinks.stop, device=k.device))
+            keys = torch.cat([cache.k[:, :, slots].to(q.dtype), keys], dim=2)
+            values = torch.cat([cache.v[:, :, slots].to(q.dtype), values], dim=2)
+        return self._attend(q, keys, values, Rows(sinks, range(start, rows.main.stop)))
 
     def _attend_ring(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, cache: KVCache
                      ) -> Tensor:
@@ -374,7 +379,8 @@ class LanguageModel(nn.Module):
         dtype = dtype or self.compute_dtype(device.type)
         # Each layer's own capacity (a hybrid's local layers keep their rings, its global the N)
         return [KVCache(batch_size, self.cfg.n_heads, block.attn.arch.cache_capacity,
-                        self.cfg.head_dim, dtype, device) for block in self.blocks]
+                        self.cfg.head_dim, dtype, device, block.attn.arch.sink_len)
+                for block in self.blocks]
 
     def prefill(self, tokens: Tensor, caches: list[KVCache], start_pos: int = 0) -> Tensor:
         """Logits (B, T, V) of a prompt at positions ``start_pos`` .., filling empty caches."""

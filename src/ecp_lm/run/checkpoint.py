@@ -6,7 +6,8 @@ validation loss, data cursor) and ``meta.json`` (step, validation, the architect
 digest of the parameter shapes: a ``config.yaml`` edited to describe another model is refused
 on load instead of evaluating the weights as something they are not). The folder is built
 beside its destination and put in place atomically (``fsutil.atomic_directory``), so a kill at
-any moment leaves the previous checkpoint intact and loadable.
+any moment leaves the previous checkpoint intact and loadable, and so does a write that fails (a
+full disk: ``fsutil.WriteError``, one line naming the folder and the system's reason).
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from safetensors.torch import load_file, save_file
 
 from ecp_lm import __version__
 from ecp_lm.data.tokenizers import Tokenizer, load_saved
-from ecp_lm.fsutil import atomic_directory, current_version, file_mode
+from ecp_lm.fsutil import atomic_directory, current_version, file_mode, writing
 from ecp_lm.model import LanguageModel, build_model
+from ecp_lm.outputs import CHECKPOINT
 from ecp_lm.run.config import RunConfig
 
-FORMAT = "ecp-lm-checkpoint/1"
+FORMAT = CHECKPOINT.value
 WEIGHTS, CONFIG, TRAINER, META = "model.safetensors", "config.yaml", "trainer.pt", "meta.json"
 
 
@@ -121,10 +123,7 @@ def read_checkpoint(path: str | Path) -> Checkpoint:
 def is_checkpoint_folder(path: Path) -> bool:
     """Whether ``path`` holds a checkpoint's ``meta.json`` (a folder an earlier release wrote in
     place, which a new save may replace)."""
-    try:
-        return json.loads((Path(path) / META).read_text()).get("format") == FORMAT
-    except (OSError, ValueError, AttributeError):
-        return False
+    return CHECKPOINT.holds(path)
 
 
 def save_checkpoint(out: Path, model_state: dict[str, torch.Tensor], config: RunConfig,
@@ -134,14 +133,16 @@ def save_checkpoint(out: Path, model_state: dict[str, torch.Tensor], config: Run
     weights = _dedupe(model_state)
     meta = {"arch": config.model.arch, "param_shapes_sha256": param_shapes_digest(model_state),
             **meta}
-    with atomic_directory(out, is_checkpoint_folder) as tmp:
+    with writing(out), atomic_directory(out, is_checkpoint_folder) as tmp:
         save_file(weights, tmp / WEIGHTS)
         os.chmod(tmp / WEIGHTS, file_mode())  # safetensors writes 0600 whatever the umask
         config.to_yaml(tmp / CONFIG)
         if tokenizer is not None:
             tokenizer.save(tmp)
         if trainer_state is not None:
-            torch.save(trainer_state, tmp / TRAINER)
+            # through a Python file: a failed write is then the OSError behind torch's error
+            with open(tmp / TRAINER, "wb") as f:
+                torch.save(trainer_state, f)
         meta = {"format": FORMAT, "ecp_lm_version": __version__, **meta}
         (tmp / META).write_text(json.dumps(meta, indent=2) + "\n")
 
@@ -151,7 +152,7 @@ def copy_checkpoint(src: Path, out: Path, **meta: Any) -> None:
     tokenizer as they are (hard links where the file system allows) and its ``meta.json``
     updated with ``meta``; the trainer state is left out (``best/`` holds weights only)."""
     ckpt = read_checkpoint(src)
-    with atomic_directory(out, is_checkpoint_folder) as tmp:
+    with writing(out), atomic_directory(out, is_checkpoint_folder) as tmp:
         for name in (WEIGHTS, CONFIG, "tokenizer.json"):
             if (ckpt.directory / name).is_file():
                 try:

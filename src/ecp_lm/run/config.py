@@ -18,13 +18,14 @@ from typing import Any
 
 import yaml
 
-from ecp_lm.config import PRESETS, ModelConfig, saved_fields
+from ecp_lm.config import PRESETS, ModelConfig, read_yaml_mapping, saved_fields, yaml_problem
 from ecp_lm.runtime import parse_device
 
 SCHEDULES = ("cosine", "halving", "wsd")
 PATHLESS_SOURCES = ("enwiki-mini", "sympy-code", "digits")  # fetched with pip, or bundled
 PRECISIONS = ("auto", "fp32", "bf16")  # fp16 training would need loss scaling
 LOGGERS = ("tensorboard", "wandb")  # train.logger: besides these, auto or none
+MAX_SEED = 2**32 - 1  # numpy's seeds are >= 0; resuming derives larger torch seeds from it
 
 
 @dataclass
@@ -49,8 +50,9 @@ class DataConfig:
         if self.source in PATHLESS_SOURCES and self.path is not None:
             raise ValueError(f"data.source={self.source} takes no data.path (got "
                              f"{self.path!r}): it is fetched or bundled")
-        if self.bpe_vocab_size <= 256:
-            raise ValueError(f"data.bpe_vocab_size={self.bpe_vocab_size} must exceed 256")
+        from ecp_lm.data.tokenizers import check_bpe_vocab_size
+
+        check_bpe_vocab_size(self.bpe_vocab_size, "data.bpe_vocab_size")
 
 
 @dataclass
@@ -154,6 +156,8 @@ class TrainConfig:
                      "eval_train_tokens"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name}={getattr(self, name)} must be >= 0")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(f"train.seed={self.seed} must be from 0 to {MAX_SEED} (2**32 - 1)")
         if self.schedule == "wsd" and self.decay_steps > self.steps:
             raise ValueError(f"train.decay_steps={self.decay_steps} exceeds train.steps="
                              f"{self.steps}")
@@ -245,26 +249,7 @@ def read_yaml(preset_or_path: str) -> dict[str, Any]:
     if not path.is_file():
         raise ValueError(f"--config {preset_or_path!r} is neither a preset "
                          f"({', '.join(RUN_PRESETS)}) nor a YAML file")
-    raw = path.read_bytes()
-    try:
-        data = yaml.safe_load(raw.decode("utf-8"))
-    except UnicodeDecodeError as err:
-        raise ValueError(f"{path} is not a UTF-8 YAML file (byte {err.start}: "
-                         f"{raw[err.start:err.start + 1]!r})") from None
-    except yaml.YAMLError as err:
-        raise ValueError(f"{path} is not valid YAML: {_yaml_problem(err)}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: expected a mapping with model/data/train sections, got "
-                         f"{type(data).__name__}")
-    return data
-
-
-def _yaml_problem(err: yaml.YAMLError) -> str:
-    """What is wrong and where (line, column), in one line."""
-    mark = getattr(err, "problem_mark", None)
-    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-    problem = getattr(err, "problem", None) or getattr(err, "reason", None) or str(err)
-    return " ".join(f"{problem}{where}".split())
+    return read_yaml_mapping(path, None, "a mapping with model/data/train sections")
 
 
 def is_override(item: str) -> bool:
@@ -284,7 +269,7 @@ def parse_override(item: str) -> tuple[tuple[str, str], Any]:
         value = yaml.safe_load(text) if text.strip() else None
     except yaml.YAMLError as err:
         raise ValueError(f"override {item!r}: its value is not YAML "
-                         f"({_yaml_problem(err)})") from None
+                         f"({yaml_problem(err)})") from None
     return (section, name), value
 
 
@@ -343,7 +328,7 @@ RUN_PRESETS: dict[str, dict[str, Any]] = {
                   "eval_every": 10, "checkpoint_every": 10, "log_every": 5,
                   "eval_max_tokens": 4096},
     },
-    # The README demo: a byte-level model that trains for a few minutes on a 2-core CPU.
+    # The demo (`ecp demo`): a byte-level model that trains for a few minutes on a 2-core CPU.
     "demo": {
         "model": {**PRESETS["small"], "arch": "ecp"},
         "data": {"source": "enwiki-mini", "tokenizer": "bytes"},

@@ -12,10 +12,16 @@ What may be started and what resumed, and how the folder is made consistent agai
 - a folder holds a run once it has a ``latest/`` checkpoint. Without one (a run killed before its
   first checkpoint, or an interrupted demo) there is nothing to keep: it can be started again or
   resumed, and both start at step 0; ``force`` starts a run folder over, removing only what a run
-  writes;
+  writes, after checking that it can (``check_force``);
+- a folder whose ``latest/`` is missing or a link to nothing, while it shows that it had one (a
+  ``best/`` or kept checkpoint past the first step a checkpoint is written, records in
+  ``metrics.jsonl`` past it: a run folder copied without the dot-named version folders its links
+  name), is refused (``check_nothing_lost``): starting it at step 0 would remove what is left;
 - resuming restores ``latest/`` and cuts ``metrics.jsonl`` back to its last complete line and to
   the checkpoint's step, so a half-written line or records of steps the checkpoint does not hold
-  (they will be run and logged again) never remain; ``best/`` is made to hold the best step of
+  (they will be run and logged again) never remain; a ``metrics.jsonl`` with a complete line that
+  is not a record (not a file ecp wrote, or damaged) is refused, never cut
+  (``metric_records``); ``best/`` is made to hold the best step of
   the resumed trajectory (``reconcile_best``), never a step past ``latest/``; a kept checkpoint
   of ``latest/``'s step that a kill left unwritten is written (``reconcile_kept``), and every
   other kept one stays as it is;
@@ -27,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 from collections.abc import Iterator
@@ -37,13 +44,16 @@ from typing import Any
 from ecp_lm.data.hub import is_hub
 from ecp_lm.fsutil import (
     LockHeldError,
+    cannot_write,
     check_replaceable,
     current_version,
+    describe_entries,
     remove_directory,
     try_locked,
     write_bytes_atomic,
+    writing,
 )
-from ecp_lm.outputs import MARKER, check_folder, claim_folder, folder_kind
+from ecp_lm.outputs import MARKER, RUN, check_folder, claim_folder, folder_kind, output_kind
 from ecp_lm.run.checkpoint import (
     Checkpoint,
     copy_checkpoint,
@@ -52,7 +62,7 @@ from ecp_lm.run.checkpoint import (
 )
 from ecp_lm.run.config import RunConfig
 
-CONFIG, METRICS, KIND, LOCK = "config.yaml", "metrics.jsonl", "run", ".ecp-lm.lock"
+CONFIG, METRICS, KIND, LOCK = "config.yaml", "metrics.jsonl", RUN, ".ecp-lm.lock"
 CHECKPOINTS = ("latest", "best")
 TENSORBOARD, WANDB, WANDB_ID = "tensorboard", "wandb", "wandb-run-id"
 WRITTEN = {CONFIG, METRICS, TENSORBOARD, WANDB, WANDB_ID, *CHECKPOINTS, MARKER, LOCK}
@@ -117,7 +127,9 @@ def _versioned(name: str) -> bool:
 @contextmanager
 def run_lock(out_dir: Path, enabled: bool = True) -> Iterator[None]:
     """Hold the run folder's lock while a run writes it (creating the folder, after
-    ``check_run_output``); ValueError naming the holder's pid if another process holds it."""
+    ``check_run_output``, and marking a new one at once); ValueError naming the holder's pid if
+    another process holds it. An existing folder is marked by ``prepare_run_folder``, once the
+    run has been checked: a refused command leaves it as it was."""
     if not enabled:
         yield
         return
@@ -126,7 +138,8 @@ def run_lock(out_dir: Path, enabled: bool = True) -> Iterator[None]:
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
         with try_locked(out_dir / LOCK):
-            claim_folder(out_dir, KIND)
+            if created:
+                claim_folder(out_dir, KIND)
             yield
     except LockHeldError as held:
         holder = f"pid {held.pid}" if held.pid is not None else "another process"
@@ -142,22 +155,34 @@ def run_lock(out_dir: Path, enabled: bool = True) -> Iterator[None]:
 
 
 def check_run_output(out_dir: Path) -> None:
-    """``--out`` is missing, empty or a run folder (nothing else is ever written into)."""
+    """``--out`` is missing, empty or a run folder (nothing else is ever written into), and
+    can be written."""
     check_folder(out_dir, KIND, "--out", is_legacy_run)
+    if out_dir.is_dir() and (reason := cannot_write(out_dir)) is not None:
+        raise ValueError(f"--out {out_dir} cannot be written ({reason}); nothing was changed")
 
 
 def check_run_folder(cfg: RunConfig, out_dir: Path, resume: bool,
                      force: bool = False) -> Checkpoint | None:
     """The checkpoint to resume from, or None to start at step 0. Refuses a folder that is not
-    a run folder, to overwrite a run that has a checkpoint (unless ``force``), and to resume
-    with another model or data config."""
+    a run folder, to overwrite a run that has a checkpoint or shows that it had one (unless
+    ``force``, which must be able to remove what it removes), a damaged ``metrics.jsonl``, and
+    to resume with another model or data config."""
     check_run_output(out_dir)
     if force and resume:
         raise ValueError("--force starts the run in --out over; it cannot be combined with "
                          "--resume")
+    metric_records(out_dir / METRICS)
+    for name in CHECKPOINTS:
+        _check_slot(out_dir / name)
+    if force:
+        check_force(out_dir)
+        return None
     latest = out_dir / "latest"
+    if not has_checkpoint(out_dir):
+        check_nothing_lost(cfg, out_dir)
     if not resume:
-        if has_checkpoint(out_dir) and not force:
+        if has_checkpoint(out_dir):
             step = read_checkpoint(latest).meta.get("step")
             raise ValueError(f"{out_dir} already holds a run (checkpoint at step {step}); pass "
                              f"--resume to continue it, --force to start it over, or choose "
@@ -172,6 +197,66 @@ def check_run_folder(cfg: RunConfig, out_dir: Path, resume: bool,
                          f"and no {CONFIG})")
     _check_unchanged(RunConfig.load(str(out_dir / CONFIG), saved=True), cfg, out_dir)
     return None  # killed before its first checkpoint: start again
+
+
+def _check_slot(path: Path) -> None:
+    """``latest`` or ``best``, which a run replaces: missing, a link to nothing, empty or a
+    checkpoint; else ValueError naming what it holds (another output put there, a user's
+    folder), before anything is written."""
+    version = current_version(path)
+    if not version.is_dir() or is_checkpoint_folder(version) or not any(version.iterdir()):
+        if version.exists() and not version.is_dir():
+            raise ValueError(f"{path} is a file, not a checkpoint; ecp train would replace it: "
+                             f"move it away (nothing was changed)")
+        return
+    found = output_kind(path)
+    what = found[1] if found is not None else f"a folder of {describe_entries(version)}"
+    raise ValueError(f"{path} is {what}, not a checkpoint; ecp train would replace it: move it "
+                     f"away (nothing was changed)")
+
+
+def check_nothing_lost(cfg: RunConfig, out_dir: Path) -> None:
+    """For a run folder without a ``latest/`` checkpoint: ValueError if it shows that it had
+    one, which a start at step 0 would bury (``best/`` and the metrics past step 0 are
+    removed). The signs: ``latest`` is a link to nothing; a kept checkpoint; ``best/`` or
+    records in ``metrics.jsonl`` past the first step at which a run writes ``latest/`` (an
+    earlier release wrote ``best/`` alone, so a ``best/`` of an earlier step is no sign)."""
+    try:
+        saved = RunConfig.load(str(out_dir / CONFIG), saved=True).train
+    except (ValueError, OSError):
+        saved = cfg.train
+    first = min(saved.checkpoint_every, saved.steps,
+                saved.keep_every if saved.keep_every > 0 else saved.steps)
+    signs = []
+    latest = out_dir / "latest"
+    if latest.is_symlink() and not latest.exists():
+        signs.append(f"latest is a link to {os.readlink(latest)}, which is not there")
+    best = _step_of(out_dir / "best")
+    if best is not None and best > first:
+        signs.append(f"best/ holds the checkpoint of step {best}")
+    kept = sorted(step for step, path in kept_steps(out_dir).items()
+                  if _step_of(path) is not None)
+    if kept:
+        signs.append(f"kept checkpoints of steps {', '.join(map(str, kept))} are there")
+    steps = [r["step"] for r in metric_records(out_dir / METRICS) if isinstance(r.get("step"), int)]
+    if steps and max(steps) > first:
+        signs.append(f"{METRICS} records steps up to {max(steps)}")
+    if signs:
+        raise ValueError(f"{out_dir} holds no latest/ checkpoint, but {'; '.join(signs)}: the "
+                         f"run had one (a copy without the dot-named folders its links name? "
+                         f"copy a run folder with cp -a or cp -rL); nothing was changed, and "
+                         f"--force would start the run over, removing what is left")
+
+
+def check_force(out_dir: Path) -> None:
+    """Before ``force`` removes anything: every checkpoint it removes is ours and every folder
+    it removes from can be written, so that it never stops half way."""
+    for name in CHECKPOINTS:
+        check_replaceable(out_dir / name, is_checkpoint_folder)
+    for path in (out_dir / TENSORBOARD,):
+        if path.is_dir() and (reason := cannot_write(path)) is not None:
+            raise ValueError(f"--force would remove {path}, which cannot be written "
+                             f"({reason}); nothing was changed")
 
 
 def check_kept(out_dir: Path, keep_every: int, start: int, steps: int) -> None:
@@ -224,13 +309,14 @@ def prepare_run_folder(cfg: RunConfig, out_dir: Path, step: int, force: bool = F
     """Make the folder consistent with a run that continues after ``step`` (0: a new start;
     with ``force``, what an earlier run wrote is removed first: only that)."""
     claim_folder(out_dir, KIND)
-    if force:
-        remove_directory(out_dir / "latest", is_checkpoint_folder)
+    if force:  # latest/ last: a kill on the way leaves a run to resume, or none at all
+        remove_directory(out_dir / "best", is_checkpoint_folder)
         for path in kept_steps(out_dir).values():  # only checkpoints; a user's folder stays
             if is_checkpoint_folder(current_version(path)):
                 remove_directory(path, is_checkpoint_folder)
         shutil.rmtree(out_dir / TENSORBOARD, ignore_errors=True)
         (out_dir / METRICS).unlink(missing_ok=True)
+        remove_directory(out_dir / "latest", is_checkpoint_folder)
     write_bytes_atomic(out_dir / CONFIG, cfg.to_yaml().encode())
     cut_metrics(out_dir / METRICS, step)
     if step == 0:  # a best/ without latest/ is from an attempt that did not reach a checkpoint
@@ -280,27 +366,53 @@ def _step_of(path: Path) -> int | None:
         return None
 
 
-def cut_metrics(path: Path, step: int) -> None:
-    """Keep the complete records of steps up to ``step``; drop a trailing half line, any line
-    that is not JSON, and records of later steps."""
+def metric_records(path: Path) -> list[dict[str, Any]]:
+    """The records of ``metrics.jsonl`` (none if it is missing); see ``_metric_lines``."""
+    return [record for _, record in _metric_lines(path)]
+
+
+def _metric_lines(path: Path) -> list[tuple[bytes, dict[str, Any]]]:
+    """Each complete line of ``metrics.jsonl`` with its record. What follows the last line end
+    is a record a kill cut short, and is left out. ValueError if a complete line is not a JSON
+    record, or that cut-short part is not the start of one: the file is not the log a run
+    wrote, or it was damaged, and nothing may cut it."""
     if not path.exists():
-        return
-    lines = path.read_bytes().split(b"\n")[:-1]  # what follows the last line end is incomplete
-    keep = []
-    for line in lines:
+        return []
+    *lines, rest = path.read_bytes().split(b"\n")
+    found = []
+    for number, line in enumerate(lines, 1):
         try:
             record = json.loads(line)
         except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("step"), int) \
-                and record["step"] > step:
-            continue
-        keep.append(line + b"\n")
+            record = None
+        if not isinstance(record, dict):
+            raise ValueError(f"{path} line {number} is not a JSON record ({_shown(line)}): not "
+                             f"the metrics a run wrote, or damaged; nothing was changed (move "
+                             f"it away to continue)")
+        found.append((line, record))
+    if rest and not (rest.startswith(b"{") and rest.isascii()):  # json.dumps writes ASCII
+        raise ValueError(f"{path} ends in {_shown(rest)}, which is not the start of a JSON "
+                         f"record: not the metrics a run wrote, or damaged; nothing was "
+                         f"changed (move it away to continue)")
+    return found
+
+
+def _shown(data: bytes, limit: int = 24) -> str:
+    return repr(data[:limit]) + ("..." if len(data) > limit else "")
+
+
+def cut_metrics(path: Path, step: int) -> None:
+    """Keep the complete records of steps up to ``step``, byte for byte; drop a trailing half
+    line and records of later steps (``_metric_lines`` refuses a file with anything else)."""
+    if not path.exists():
+        return
+    keep = [line + b"\n" for line, record in _metric_lines(path)
+            if not (isinstance(record.get("step"), int) and record["step"] > step)]
     write_bytes_atomic(path, b"".join(keep))
 
 
 class Metrics:
-    """Appends JSON lines to metrics.jsonl (rank 0 only; ``train.tracking`` sends the same
+    """Appends JSON lines to metrics.jsonl (rank 0 only; ``training.tracking`` sends the same
     records to TensorBoard and Weights & Biases)."""
 
     def __init__(self, path: Path, enabled: bool):
@@ -309,5 +421,5 @@ class Metrics:
     def write(self, record: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with writing(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")

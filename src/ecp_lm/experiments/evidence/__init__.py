@@ -4,7 +4,7 @@
 
 Stages (each resumable: a stage that is stopped, or killed, resumes where it stopped;
 ``--budget tiny`` runs in CI; ``small`` is a preview at the study's model sizes with short
-budgets, each stage in about an hour or less on a 2-core CPU (the README gives the times);
+budgets, each stage in about an hour or less on a 2-core CPU (docs/evidence.md gives the times);
 ``full``, the study's budgets, runs for many hours, across as many invocations as it takes;
 ``--plan`` says how many before anything runs):
 

@@ -24,7 +24,7 @@ from typing import Any
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.run.config import RunConfig
 from ecp_lm.run.folder import CONFIG, has_checkpoint
-from ecp_lm.train.loop import train, train_or_resume
+from ecp_lm.training.loop import train, train_or_resume
 
 TEMPORARY = ".branching-"
 """Prefix of the temporary copy of a branch being made (ours: removed when found)."""

@@ -64,7 +64,7 @@ CURVE_BUDGETS = {
         train=dict(batch_size=2, warmup_steps=20, eval_every=100, checkpoint_every=20,
                    log_every=25, eval_max_tokens=65536, min_lr_ratio=0.0),
         points=(100, 200), select_steps=100, valid_tokens=65536),
-    # full: cut from 2,400 to 1,200 steps to fit the 2-core CPU (README, "Evidence III");
+    # full: cut from 2,400 to 1,200 steps to fit the 2-core CPU (docs/evidence.md, "Evidence III");
     # 8e-3 added when every model chose 4e-3, the grid's highest, after 300 steps; 1.6e-2
     # when the entry-matched window chose 8e-3.
     "full": CurveBudget(
@@ -107,7 +107,7 @@ def score(run: Path, budget: CurveBudget, gain: bool) -> dict[str, Any]:
 
 def select_job(budget_name: str, model: str, lr: float, out: str) -> dict[str, Any]:
     """One learning-rate trial: ``select_steps`` under warmup-stable-decay, seed 0."""
-    from ecp_lm.train.loop import train_or_resume
+    from ecp_lm.training.loop import train_or_resume
 
     budget = CURVE_BUDGETS[budget_name]
     cfg = wsd_config(run_config(budget, model, 0, lr), budget.select_steps,

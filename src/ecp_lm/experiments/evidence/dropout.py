@@ -117,7 +117,7 @@ def dropout_job(budget_name: str, arch: str, dropout: float, seed: int, corpus: 
                 folder: str) -> dict[str, Any]:
     """Train one run; its validation records: valid and train scores at every epoch."""
     from ecp_lm.plot import read_metrics
-    from ecp_lm.train.loop import train_or_resume
+    from ecp_lm.training.loop import train_or_resume
 
     budget = DROPOUT_BUDGETS[budget_name]
     run = Path(folder) / "run"

@@ -76,7 +76,7 @@ from ecp_lm.outputs import output_folder
 from ecp_lm.plot import plot_per_position, plot_runs
 from ecp_lm.run.folder import holds_runs
 from ecp_lm.runtime import torch_threads
-from ecp_lm.train.loop import train_or_resume
+from ecp_lm.training.loop import train_or_resume
 
 
 def run_study(budget_name: str, out: str | Path, progress: bool = True, jobs: int = 1,

@@ -18,7 +18,7 @@ from ecp_lm.experiments.long_context.measure import (
 from ecp_lm.experiments.study import write_json
 from ecp_lm.model.archs import architecture
 from ecp_lm.run.checkpoint import read_checkpoint
-from ecp_lm.train.loop import train_or_resume
+from ecp_lm.training.loop import train_or_resume
 
 
 def run_entry(budget: Budget, entry: dict[str, Any], out: Path, progress: bool

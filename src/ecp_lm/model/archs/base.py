@@ -40,6 +40,7 @@ class ArchConfig(Protocol):
     window: int | None
     block_len: int | None
     group_len: int | None
+    sink_tokens: int
     rope: str
     rope_base: float
     layer_pattern: str | None
@@ -107,6 +108,9 @@ class Architecture:
     start at a period); ``Attention._attend`` then gives the key rows before the queries (a
     context-parallel halo, the keys a cached chunk reads from the ring) zero queries and drops
     their outputs. Otherwise ``attend`` takes the queries of the last Rq <= R rows."""
+    takes_sink_tokens: ClassVar[bool] = False
+    """Whether the pattern takes ``sink_tokens`` (sliding_window): refused for a model none of
+    whose layers does, and set to 0 in the config of a hybrid's other layers."""
     renamed: ClassVar[dict[str, str]] = {}
     """Earlier names of this pattern's size fields, {old: new}: a config saved by an earlier
     release is read with the old name (``config.saved_fields``); a new config that sets the old
@@ -165,6 +169,13 @@ class Architecture:
         recomputes the window)."""
         return None
 
+    @property
+    def sink_len(self) -> int:
+        """Positions 0 .. sink_len - 1 that every later query sees besides what its pattern
+        gives it (sliding_window's ``sink_tokens``); a cache keeps them in slots of their own,
+        never overwritten."""
+        return 0
+
     def cached_keys_from(self, pos: int, origin: int) -> int | None:
         """A chunk continuing a filled cache at position ``pos``, in a stream whose first
         position is ``origin``: the first position whose keys ``attend`` must be given with the
@@ -172,6 +183,12 @@ class Architecture:
         from there to ``pos`` - 1 prepended; ``Attention._attend_cached``). None: no such form,
         the chunk attends over the whole ring by the predicate."""
         return None
+
+    def cached_sinks(self, start: int) -> range:
+        """The sink positions (``sink_len``) before ``start``, the first position
+        ``cached_keys_from`` gives, that a chunk continuing a filled cache also sees: read from
+        the cache's sink slots and given before those keys (``Attention._attend_cached``)."""
+        return range(min(self.sink_len, start))
 
     def check_length(self, t: int) -> None:
         limit = self.max_len
@@ -316,8 +333,9 @@ class BandArchitecture(Architecture):
 
     @property
     def cache_capacity(self) -> int:
-        # For a rule, q - lo(q) + 1 is largest just before lo(q) moves on: period + back.
-        return max(rule[0] + rule[2] for _, rule in self.band_rules())
+        # For a rule, q - lo(q) + 1 is largest just before lo(q) moves on: period + back; and
+        # the sinks, if any, in slots of their own.
+        return max(rule[0] + rule[2] for _, rule in self.band_rules()) + self.sink_len
 
     def flex_bands(self, n_heads: int) -> block_masks.Bands:
         rules = [None] * n_heads

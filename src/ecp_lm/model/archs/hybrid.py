@@ -166,6 +166,8 @@ class Hybrid(Architecture):
     def context_start(self, length: int) -> int:
         if not self.local:
             return super().context_start(length)  # the last window of N
+        if any(kind.sink_len for kind in self.kinds):
+            return 0  # every position sees the sinks at 0 .. k - 1 through its window layers
         start = length - 1  # the position whose output predicts the next token
         for layer in reversed(self.layers):  # from the top layer down
             start = layer.reach(start)

@@ -12,7 +12,9 @@ the test split is never used here) and, every ``keep_every`` steps, a kept copy 
 each validation is also printed as one line (``progress``). Resuming
 restores weights, optimizer, every rank's RNG states and the step; batches are a pure function
 of the step, so N steps equal N/2 + resume + N/2 exactly. SIGINT and SIGTERM are honoured between
-steps (``interrupts``), so an interrupted run resumes exactly too.
+steps (``interrupts``), so an interrupted run resumes exactly too. An output that cannot be written
+(a full disk, a folder made read-only) stops training with ``TrainingWriteError``, one line
+naming what failed and the last complete checkpoint, which the failed write never touches.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ from __future__ import annotations
 import math
 import os
 import time
-from contextlib import AbstractContextManager, nullcontext
+import warnings
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -36,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import (
 )
 
 from ecp_lm import progress as progress_output
-from ecp_lm.interrupts import Interrupted, StopRequest
+from ecp_lm.interrupts import AbandonedError, Interrupted, StopRequest
 from ecp_lm.model import LanguageModel, build_model
 from ecp_lm.model.context_parallel import average_gradients
 from ecp_lm.run.checkpoint import Checkpoint, copy_checkpoint, read_checkpoint, save_checkpoint
@@ -53,7 +57,7 @@ from ecp_lm.run.folder import (
     with_resolved_paths,
 )
 from ecp_lm.runtime import autocast, resolve_precision
-from ecp_lm.train.distributed import (
+from ecp_lm.training.distributed import (
     Dist,
     check_context_parallel,
     init_distributed,
@@ -62,12 +66,17 @@ from ecp_lm.train.distributed import (
     rng_states,
     wrap_model,
 )
-from ecp_lm.train.tasks import make_task
-from ecp_lm.train.tracking import Tracking, check_loggers
+from ecp_lm.training.tasks import make_task
+from ecp_lm.training.tracking import Tracking, check_loggers
 
 
 class TrainingDivergedError(RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+class TrainingWriteError(OSError):
+    """An output of the run could not be written (a full disk, a folder made read-only); the
+    message names it and the last complete checkpoint, which is kept."""
 
 
 @dataclass
@@ -122,7 +131,7 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
         check_context_parallel(cfg)
     dist = init_distributed(tc.device, tc.context_parallel)
     if dist.is_main:  # only rank 0 logs
-        check_loggers(tc.logger)
+        check_loggers(tc.logger, out_dir)
     ckpt = check_run_folder(cfg, out_dir, resume, force)
     start = ckpt.meta["step"] if ckpt is not None else 0
     if stop_at is not None and stop_at < start:
@@ -130,6 +139,9 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
                          f"{out_dir} already is")
     check_kept(out_dir, tc.keep_every, start, tc.steps)
     dist.barrier()  # every rank has checked the folder before rank 0 writes to it
+    # Set, not left as found: set explicitly, MKL keeps the count rather than choosing one per
+    # call by the machine's load, and the count decides how CPU sums are split and so rounded.
+    torch.set_num_threads(torch.get_num_threads())
     torch.manual_seed(tc.seed)
     model = build_model(cfg.model)  # identical initial weights on every rank
     model.activation_checkpointing = tc.activation_checkpointing  # before DDP/FSDP wrap it
@@ -142,22 +154,43 @@ def _train(cfg: RunConfig, out_dir: Path, resume: bool, progress: bool, stop_at:
     state = {"step": 0, "tokens_seen": 0, "best_val_loss": math.inf, "best_step": None}
     if ckpt is not None:
         state = _restore(ckpt, model, optimizer, dist, tc.seed)
-    if dist.is_main:
-        prepare_run_folder(cfg, out_dir, state["step"], force)
-    if ckpt is not None:
-        reconcile_best(out_dir, state, dist.is_main)
+    with _writes_checked(out_dir):
         if dist.is_main:
-            reconcile_kept(out_dir, state["step"], tc.keep_every)
-    loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
-    try:
-        with StopRequest() as stop:
-            loop.run(stop_at, progress and dist.is_main, stop)
-    except BaseException as err:
-        loop.metrics.close(exit_code=getattr(err, "exit_code", 1))
-        raise
-    loop.metrics.close()
+            prepare_run_folder(cfg, out_dir, state["step"], force)
+        if ckpt is not None:
+            reconcile_best(out_dir, state, dist.is_main)
+            if dist.is_main:
+                reconcile_kept(out_dir, state["step"], tc.keep_every)
+        loop = _Loop(cfg, task, model, net, optimizer, dist, out_dir, state, ckpt)
+        try:
+            with StopRequest() as stop:
+                loop.run(stop_at, progress and dist.is_main, stop)
+        except BaseException as err:
+            with suppress(OSError):  # a logger on the same full disk: the first error tells
+                loop.metrics.close(exit_code=getattr(err, "exit_code", 1))
+            raise
+        loop.metrics.close()
     return TrainResult(model, state["step"], state["tokens_seen"], state["best_val_loss"],
                        out_dir, state["step"] - start, loop.wrote_latest)
+
+
+@contextmanager
+def _writes_checked(out_dir: Path) -> Iterator[None]:
+    """A failed write while the run writes its folder becomes ``TrainingWriteError``, naming
+    the last complete checkpoint (read from the folder: a failed write never replaces it)."""
+    try:
+        yield
+    except BrokenPipeError:  # progress output into a closed pipe: the CLI stops quietly
+        raise
+    except OSError as err:
+        try:
+            step = read_checkpoint(out_dir / "latest").meta["step"]
+        except ValueError:
+            kept = "no checkpoint had been written yet"
+        else:
+            kept = (f"the last complete checkpoint, step {step}, is intact in "
+                    f"{out_dir / 'latest'}: continue with --resume once it can be written")
+        raise TrainingWriteError(f"{err}; {kept}") from err
 
 
 def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimizer, dist: Dist,
@@ -170,8 +203,22 @@ def _restore(ckpt: Checkpoint, model: nn.Module, optimizer: torch.optim.Optimize
         set_state_dict(model, optimizer, model_state_dict=ckpt.load_model().state_dict(),
                        optim_state_dict=trainer["optimizer"], options=options)
     restore_rng(trainer, dist, seed)
+    check_threads(trainer.get("threads"), dist.device)
     state = {k: trainer[k] for k in ("step", "tokens_seen", "best_val_loss")}
+    if trainer.get("validation_due"):  # stopped during this step's validation
+        state["validation_due"] = True
     return {**state, "best_step": trainer.get("best_step", "unknown")}  # unknown: before 0.4
+
+
+def check_threads(saved: int | None, device: torch.device) -> None:
+    """One warning where a CPU run resumes on another number of threads than it was saved on:
+    it continues correctly, but its sums split and round otherwise (about 1e-7 in the weights
+    after a few steps), so it is no longer bit-identical to a run never stopped."""
+    now = torch.get_num_threads()
+    if device.type == "cpu" and saved is not None and saved != now:
+        warnings.warn(f"resuming on {now} CPU threads, where the run was saved on {saved}: it "
+                      f"goes on correctly but rounds otherwise than an uninterrupted run; set "
+                      f"OMP_NUM_THREADS={saved} to continue bit for bit", stacklevel=2)
 
 
 class _Loop:
@@ -207,6 +254,8 @@ class _Loop:
         with progress_output.bar(total=tc.steps, initial=state["step"], enabled=show,
                                  unit="step") as bar:
             self.bar = bar
+            if state.pop("validation_due", False):  # the validation a stop cut short
+                self.validate(stop)
             while state["step"] < end:
                 step = state["step"]
                 window.append(self.step(step))
@@ -219,7 +268,7 @@ class _Loop:
                               tokens_per_step * len(window) / max(elapsed, 1e-9), step)
                     window, window_start = [], time.perf_counter()
                 if state["step"] % tc.eval_every == 0 or state["step"] == tc.steps:
-                    self.validate()
+                    self.validate(stop)
                 keep = tc.keep_every > 0 and state["step"] % tc.keep_every == 0
                 if (state["step"] % tc.checkpoint_every == 0 or state["step"] == end or keep) \
                         and self.saved_step != state["step"]:
@@ -306,9 +355,18 @@ class _Loop:
             shown["val"] = f"{self.last_val:.3f}"
         return shown
 
-    def validate(self) -> None:
+    def validate(self, stop: StopRequest) -> None:
+        """Score the validation split; a stop request abandons it at its next batch, saves
+        ``latest/`` with the validation still due (a resumed run does it first) and stops."""
         start = time.perf_counter()
-        report = self.task.validate(self.model, self.dist, self.autocast)
+        try:
+            report = self.task.validate(self.model, self.dist, self.autocast,
+                                        stop=lambda: stop.requested)
+        except AbandonedError:
+            self.state["validation_due"] = True
+            self.save()
+            del self.state["validation_due"]
+            raise Interrupted(stop.signum or 2, self.state["step"]) from None
         record = {"kind": "valid", "step": self.state["step"],
                   "tokens": self.state["tokens_seen"], **report,
                   "elapsed_s": time.perf_counter() - start}
@@ -346,16 +404,17 @@ class _Loop:
                                                       options=options)
         trainer = {"optimizer": optim_state, "rng": rng_states(self.dist),
                    "scheduler": {"schedule": self.tc.schedule, "step": self.state["step"]},
-                   "data_cursor": self.state["step"] * self.tc.grad_accum, **self.state}
+                   "data_cursor": self.state["step"] * self.tc.grad_accum,
+                   "threads": torch.get_num_threads(), **self.state}
+        if self.dist.is_main:
+            meta = {"kind": "latest", "step": self.state["step"],
+                    "tokens_seen": self.state["tokens_seen"], "validation": val,
+                    "precision": resolve_precision(self.tc.precision, self.dist.device)}
+            save_checkpoint(self.out_dir / "latest", model_state, self.cfg,
+                            self.task.tokenizer, trainer, meta)
         self.saved_step, self.wrote_latest = self.state["step"], True
-        if not self.dist.is_main:
-            return
-        meta = {"kind": "latest", "step": self.state["step"],
-                "tokens_seen": self.state["tokens_seen"], "validation": val,
-                "precision": resolve_precision(self.tc.precision, self.dist.device)}
-        save_checkpoint(self.out_dir / "latest", model_state, self.cfg, self.task.tokenizer,
-                        trainer, meta)
-        self.metrics.flush()  # the loggers hold at least what the checkpoint does
+        if self.dist.is_main:
+            self.metrics.flush()  # the loggers hold at least what the checkpoint does
 
 
 def train_or_resume(cfg: RunConfig, out_dir: str | Path, progress: bool = True) -> float:

@@ -2,7 +2,8 @@
 
 ``train.logger`` names the loggers: ``tensorboard``, ``wandb``, both (``tensorboard,wandb``),
 ``none``, or ``auto`` (the default: TensorBoard when the ``tensorboard`` package is installed).
-A logger named but not installed is a one-line error before anything is written. Every record
+A logger named but not installed, or whose folder cannot be written (``tensorboard/`` read-only),
+is a one-line error before anything is written. Every record
 of ``metrics.jsonl`` (one per ``log_every`` steps, one per validation) goes to each logger, its
 numbers as scalars named ``kind/key`` (``train/loss``, ``train/lr``, ``valid/bits_per_byte``) at
 the record's step. Only rank 0 logs.
@@ -28,9 +29,9 @@ import uuid
 from pathlib import Path
 from typing import Any, Protocol
 
-from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.fsutil import cannot_write, write_bytes_atomic
 from ecp_lm.run.config import RunConfig
-from ecp_lm.run.folder import METRICS, TENSORBOARD, WANDB_ID, Metrics
+from ecp_lm.run.folder import METRICS, TENSORBOARD, WANDB, WANDB_ID, Metrics
 
 PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 """The package each logger needs."""
@@ -52,13 +53,24 @@ def logger_names(spec: str) -> list[str]:
     return [] if spec == "none" else spec.split(",")
 
 
-def check_loggers(spec: str) -> None:
-    """ValueError in one line if a logger ``train.logger`` names is not installed."""
+FOLDERS = {"tensorboard": TENSORBOARD, "wandb": WANDB}
+"""The folder of the run folder each logger writes in."""
+
+
+def check_loggers(spec: str, out_dir: Path | None = None) -> None:
+    """ValueError in one line if a logger ``train.logger`` names is not installed, or (with the
+    run folder ``out_dir``) its folder there exists and cannot be written: found before any
+    work, not by the logger's background thread once training runs."""
     for name in logger_names(spec):
         if not _installed(PACKAGES[name]):
             raise ValueError(f"train.logger={spec} needs the {PACKAGES[name]} package, which is "
                              f"not installed: pip install {PACKAGES[name]} (or choose another "
                              f"train.logger, e.g. none)")
+        folder = None if out_dir is None else Path(out_dir) / FOLDERS[name]
+        if folder is not None and folder.is_dir() and (reason := cannot_write(folder)):
+            raise ValueError(f"train.logger={spec} writes {name} logs in {folder}, which cannot "
+                             f"be written ({reason}); make it writable, or set "
+                             f"train.logger=none; nothing was changed")
 
 
 def _installed(package: str) -> bool:

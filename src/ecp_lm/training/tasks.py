@@ -4,6 +4,7 @@ on the positions each architecture predicts (SPEC §3), and its validation."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -27,7 +28,7 @@ from ecp_lm.evaluate.scoring import (
 )
 from ecp_lm.model.archs import architecture
 from ecp_lm.run.config import RunConfig
-from ecp_lm.train.distributed import Dist
+from ecp_lm.training.distributed import Dist
 
 
 class LanguageModelling:
@@ -83,12 +84,12 @@ class LanguageModelling:
         return net(shard[:, :-1], start_pos, self.context, targets=shard[:, 1:],
                    reduction="sum")
 
-    def validate(self, model: nn.Module, dist: Dist,
-                 autocast: AbstractContextManager | None) -> dict[str, Any]:
+    def validate(self, model: nn.Module, dist: Dist, autocast: AbstractContextManager | None,
+                 stop: Callable[[], bool] | None = None) -> dict[str, Any]:
         def score(tokens: np.ndarray, text: ScoredText) -> dict[str, Any]:
             nll, count = score_stream(model, tokens, self.seq_len, self.stride,
                                       self.eval_batch_size, dist.device, autocast, dist.rank,
-                                      dist.world_size)
+                                      dist.world_size, stop=stop)
             return lm_report(nll, count, text)
 
         report = score(self.valid, self.valid_text)
@@ -140,9 +141,9 @@ class Classification:
     def loss_sum(self, net: nn.Module, batch: tuple[Tensor, Tensor]) -> Tensor:
         return F.cross_entropy(net(batch[0]).float(), batch[1], reduction="sum")
 
-    def validate(self, model: nn.Module, dist: Dist,
-                 autocast: AbstractContextManager | None) -> dict[str, Any]:
-        x, y = self.data.splits["valid"]
+    def validate(self, model: nn.Module, dist: Dist, autocast: AbstractContextManager | None,
+                 stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+        x, y = self.data.splits["valid"]  # a few seconds: not abandoned midway
         return classify(model, x, y, self.eval_batch_size, dist.device, autocast)
 
 
