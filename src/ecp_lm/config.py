@@ -12,6 +12,8 @@ derived where they are needed, by ``resolved()``, so ``dataclasses.replace``, a 
 preset never carries a value derived from sizes that have since changed. The shared fields are
 checked here; each architecture derives and checks its own (``Architecture.defaults`` and
 ``Architecture.check`` in ``model/archs/``), on the resolved view, when the config is built.
+The recurrent mixers' sizes (``mixer_width``, ``state_size``, ``conv_size``, ``chunk_size``) are
+such fields of their own too.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ if TYPE_CHECKING:
     from ecp_lm.model.archs.base import Architecture
 
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
-                          "ecp", "sliding_window", "block_local", "s2")
+                          "ecp", "sliding_window", "block_local", "s2", "mamba2",
+                          "gated_deltanet", "rwkv7")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -37,7 +40,7 @@ HYBRID = "hybrid"
 
 ROPE_MODES = ("all", "first", "none")
 GLOBAL_ROPE_MODES = ("all", "none")
-ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "reference")
+ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
 
 
 @dataclass
@@ -46,8 +49,9 @@ class ModelConfig:
 
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
-    ``ecp``, and the local baselines ``sliding_window``, ``block_local``, ``s2``; or ``hybrid``,
-    whose layers follow ``layer_pattern``."""
+    ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
+    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``; or ``hybrid``, whose layers follow
+    ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -83,6 +87,18 @@ class ModelConfig:
     query at position q also sees positions 0 .. k - 1 (those <= q) besides its window, as in
     StreamingLLM; decoding keeps them in k slots of their own, never evicted. 0 (default): none.
     Below ``window``; refused for a model without sliding_window layers."""
+    mixer_width: int | None = None
+    """The width of a recurrent mixer's value stream, summed over its heads: ``mamba2``'s
+    expanded channels (default 2·d_model, Mamba-2's expand = 2) and ``gated_deltanet``'s values
+    (default 2·d_model, its expand_v = 2); a multiple of n_heads. ``ecp_lm.model.match_parameters``
+    sets it so that a model has another architecture's parameter count."""
+    state_size: int | None = None
+    """N: ``mamba2``'s state per channel (Mamba-2's d_state; default 64)."""
+    conv_size: int | None = None
+    """Taps of the short causal convolution of ``mamba2`` and ``gated_deltanet`` (default 4)."""
+    chunk_size: int | None = None
+    """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
+    ``gated_deltanet``, 16 for ``rwkv7``); the results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -104,17 +120,23 @@ class ModelConfig:
     ``mask`` (SDPA with a small static mask, batched over blocks),
     ``flex`` (FlexAttention; no dropout, backward only on CUDA), or ``reference`` (dense masked
     attention built from the mask predicate). Each architecture has some of native/flash/mask;
-    an explicit kernel that cannot run a call raises ValueError."""
+    an explicit kernel that cannot run a call raises ValueError. The recurrent mixers have their
+    own: ``chunked`` (the chunkwise-parallel form in PyTorch, any device), ``fla``
+    (flash-linear-attention's Triton kernels, CUDA, the ``fla`` extra; ``auto`` takes it where it
+    is installed) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent
+    layers takes ``auto`` or ``reference``."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""
     layer_pattern: str | None = None
     """``arch: hybrid``'s layers: a repeating unit of architecture names, each ``name`` or
     ``name*k``, tiled over ``n_layers`` and cut at the end: ``sliding_window*5,transformer``
-    (Gemma 3), ``block_local*3,transformer`` (Llama 4), ``ecp*3,transformer``. A layer may be
-    ``transformer`` (a global layer) or a local one, ``ecp``, ``sliding_window``,
-    ``block_local``, ``s2``, each sized by its own fields as in the pure architecture. Unset
-    (every other arch): every layer is ``arch``."""
+    (Gemma 3), ``block_local*3,transformer`` (Llama 4), ``ecp*3,transformer``,
+    ``mamba2*3,transformer`` (Nemotron-H), ``gated_deltanet*3,transformer`` (Qwen3-Next),
+    ``mamba2,sliding_window`` (Samba). A layer may be ``transformer`` (a global layer), a local
+    one, ``ecp``, ``sliding_window``, ``block_local``, ``s2``, or a recurrent mixer, ``mamba2``,
+    ``gated_deltanet``, ``rwkv7``, each sized by its own fields as in the pure architecture.
+    Unset (every other arch): every layer is ``arch``."""
     rope_base: float = 10000.0
     """RoPE's base θ: layer feature pair i turns by ``pos · θ^(-2i/D)``."""
     global_rope: str | None = None
@@ -171,6 +193,10 @@ class ModelConfig:
                     f"earlier release are read with the old name")
         self._check_layers()
         self._check_sinks()
+        if self.tied_kv and all(architecture(a).recurrent for a in self.layer_archs):
+            raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
+                             f"has no attention (a recurrent mixer in every layer); leave tied_kv "
+                             "false")
         for name in OWN_SIZES:
             value = getattr(self, name)
             if value is not None and name not in own.sizes(self):
@@ -247,6 +273,7 @@ class ModelConfig:
         return dataclasses.replace(
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
             sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
+            tied_kv=self.tied_kv and not kind.recurrent,
             **{name: None for name in OWN_SIZES if name not in own})
 
     # Derived sizes -------------------------------------------------------------------------
@@ -382,7 +409,8 @@ def pattern_unit(pattern: str) -> list[str]:
     return unit
 
 
-OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len")
+OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
+                               "conv_size", "chunk_size")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from ecp_lm.model import LanguageModel
-from ecp_lm.model.cache import KVCache, decode_span
+from ecp_lm.model.cache import Cache, decode_span, stack_caches
 
 
 def context_start(model: LanguageModel, length: int) -> int:
@@ -139,9 +139,9 @@ def compiled_decode_step(model: LanguageModel) -> Callable[..., Tensor]:
     return step
 
 
-def prefill(model: LanguageModel, rows: list[Tensor]) -> tuple[Tensor, list[KVCache]]:
+def prefill(model: LanguageModel, rows: list[Tensor]) -> tuple[Tensor, list[Cache]]:
     """Last-position logits (B, V) of each prompt and the filled caches: one batched prefill
-    where the prompts have one length, else one per prompt, stacked (``KVCache.stack``)."""
+    where the prompts have one length, else one per prompt, stacked (``stack_caches``)."""
     if len({r.numel() for r in rows}) == 1:
         caches = model.make_caches(len(rows), rows[0].device)
         return model.prefill(torch.stack(rows), caches)[:, -1], caches
@@ -150,7 +150,7 @@ def prefill(model: LanguageModel, rows: list[Tensor]) -> tuple[Tensor, list[KVCa
         caches = model.make_caches(1, row.device)
         logits.append(model.prefill(row[None], caches)[:, -1])
         per_row.append(caches)
-    return torch.cat(logits), [KVCache.stack(layer) for layer in zip(*per_row, strict=True)]
+    return torch.cat(logits), [stack_caches(layer) for layer in zip(*per_row, strict=True)]
 
 
 def recompute(model: LanguageModel, rows: list[Tensor]) -> Tensor:
@@ -181,7 +181,7 @@ def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperatur
     cached = use_cache and model.arch.cache_capacity is not None
     step = compiled_decode_step(model) if compile else model.decode_step
     longest, limit = max(p.numel() for p in prompts), model.arch.max_len
-    caches: list[KVCache] | None = None
+    caches: list[Cache] | None = None
     new: list[Tensor] = []  # the tokens generated so far, (B,) each
 
     def rows() -> list[Tensor]:

@@ -52,8 +52,12 @@ REQUESTS = [("The model reads", " a long context"),
             ("", "segments"),  # an empty context: the continuation follows the BOS token
             ("and predicts what comes next while segments pass information upward",
              " through the layers")]  # cut to the last N + 1 tokens
+# The long document is not one repeated byte: two of its rolling windows would then hold the
+# same tokens with continuations of different lengths, and the harness's logits cache (HFLM's
+# logits_cache, on by default) scores the second from the first's logits at the wrong positions,
+# which only a model whose output moves along a constant input (a recurrent one) shows.
 DOCUMENTS = ["= Alpha =\nThe model reads a long context and predicts what comes next.",
-             "short", "x" * (2 * N + 5)]
+             "short", ("windows of a long document " * 4)[:2 * N + 5]]
 
 
 def export(tmp_path, model) -> str:

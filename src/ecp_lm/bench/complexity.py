@@ -23,6 +23,14 @@ FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each co
 (2 FLOPs) per entry and per channel, summed over heads (n_heads · head_dim = d_model). Projections,
 softmax and the feed-forward are not included. The tests check ``entries`` against a brute-force
 count of the materialised masks.
+
+A recurrent mixer's layer (mamba2, gated_deltanet, rwkv7; SPEC §3d) has no attention entries.
+Its cost is the recurrence's own forward FLOPs over the window in the chunked form
+(``Recurrent.mixer_flops``, per token: the chunk's whole square counted, as tiles count
+attention; projections excluded, as for attention), and its decoding memory the state's bytes
+per batch row, the same at every position. For an attention layer the decoding memory is its
+key/value cache, 2 · capacity · d_model numbers (none where decoding recomputes: the perceiver
+family). Both in float32.
 """
 
 from __future__ import annotations
@@ -38,7 +46,8 @@ FLOPS_PER_ENTRY_PER_CHANNEL = 4
 """QKᵀ and PV: one multiply-add (2 FLOPs) each per score entry and per channel of d_model."""
 
 SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
-              "block_len": "b", "group_len": "G"}
+              "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
+              "conv_size": "conv", "chunk_size": "chunk"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -73,10 +82,34 @@ class AttentionCost:
     """Block-tile convention: each query block against its whole key block."""
     layer_pattern: str | None = None
     """A hybrid's ``layer_pattern`` (None for a pure architecture)."""
+    mixer_width: int | None = None
+    """W (mamba2, gated_deltanet, or a hybrid with their layers; else None)."""
+    state_size: int | None = None
+    """mamba2's state per channel (else None)."""
+    conv_size: int | None = None
+    """The short convolution's taps (mamba2, gated_deltanet; else None)."""
+    chunk_size: int | None = None
+    """The chunked kernel's chunk (the recurrent mixers; else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the
     first."""
+    mixer_flops_per_layer: tuple[float, ...] = ()
+    """Forward FLOPs of each layer's recurrence over the window (0 for an attention layer)."""
+    decode_bytes_per_layer: tuple[int | None, ...] = ()
+    """Decoding memory of each layer per batch row, float32: a recurrent state's bytes, an
+    attention layer's key/value cache (None where decoding recomputes)."""
+
+    @property
+    def mixer_flops(self) -> float:
+        """Forward FLOPs of the recurrences over the window: 0 without recurrent layers."""
+        return sum(self.mixer_flops_per_layer)
+
+    @property
+    def decode_bytes(self) -> int | None:
+        """Decoding memory per batch row over every layer (None where a layer recomputes)."""
+        per_layer = self.decode_bytes_per_layer
+        return None if not per_layer or None in per_layer else sum(per_layer)
 
     @property
     def layer_archs(self) -> list[str]:
@@ -146,8 +179,11 @@ class AttentionCost:
         data["tile_entries_per_layer"] = list(self.tile_entries_per_layer)
         data["flops_per_layer"] = list(self.flops_per_layer)
         data["tile_flops_per_layer"] = [self._flops(e) for e in self.tile_entries_per_layer]
+        data["mixer_flops_per_layer"] = list(self.mixer_flops_per_layer)
+        data["decode_bytes_per_layer"] = list(self.decode_bytes_per_layer)
         for name in ("entries", "tile_entries", "flops", "tile_flops", "causal_entries",
-                     "full_entries", "ratio_to_causal", "ratio_to_full", "tile_ratio_to_full"):
+                     "full_entries", "ratio_to_causal", "ratio_to_full", "tile_ratio_to_full",
+                     "mixer_flops", "decode_bytes"):
             data[name] = getattr(self, name)
         return data
 
@@ -160,13 +196,25 @@ def attention_cost(cfg: ModelConfig) -> AttentionCost:
     kind = architecture(cfg.arch)
     arch = kind(cfg)
     per_layer = [arch.layer_cost(i) for i in range(cfg.n_layers)]
+    layers = [arch.layer(i) for i in range(cfg.n_layers)]
     own = kind.sizes(arch.cfg)  # a hybrid's: the sizes of every kind of layer it has
     sizes = {name: getattr(arch.cfg, name) if name in own else None for name in SIZE_NAMES}
     return AttentionCost(
         arch=cfg.arch, seq_len=cfg.seq_len, n_layers=cfg.n_layers, d_model=cfg.d_model,
         **sizes, entries_per_layer=tuple(e for e, _ in per_layer),
         tile_entries_per_layer=tuple(t for _, t in per_layer), layer_pattern=cfg.layer_pattern,
-        sink_tokens=cfg.sink_tokens)
+        sink_tokens=cfg.sink_tokens,
+        mixer_flops_per_layer=tuple(cfg.seq_len * layer.mixer_flops(cfg.seq_len)
+                                    if layer.recurrent else 0 for layer in layers),
+        decode_bytes_per_layer=tuple(decode_bytes(layer, cfg.d_model) for layer in layers))
+
+
+def decode_bytes(layer: Any, d_model: int, dtype_bytes: int = 4) -> int | None:
+    """One layer's decoding memory per batch row: its state, or its keys and values."""
+    if layer.recurrent:
+        return layer.state_bytes(dtype_bytes)
+    capacity = layer.cache_capacity
+    return None if capacity is None else 2 * capacity * d_model * dtype_bytes
 
 
 def hybrid_label(pattern: str) -> str:
@@ -238,10 +286,12 @@ def _sizes(cost: AttentionCost) -> str:
 def format_table(costs: list[AttentionCost]) -> str:
     """A plain aligned text table of ``costs``, with a title line and a legend."""
     header = ("arch", "sizes", "entries per layer", "total entries", "fwd GFLOPs",
-              "vs causal", "vs full", "tile vs full")
+              "vs causal", "vs full", "tile vs full", "mixer GFLOPs", "decode KiB/row")
     body = [(c.label, _sizes(c), run_lengths(c.entries_per_layer), f"{c.entries:,}",
              f"{c.flops / 1e9:.2f}", f"{c.ratio_to_causal:.1%}", f"{c.ratio_to_full:.1%}",
-             f"{c.tile_ratio_to_full:.1%}") for c in costs]
+             f"{c.tile_ratio_to_full:.1%}", f"{c.mixer_flops / 1e9:.2f}",
+             "recomputes" if c.decode_bytes is None else f"{c.decode_bytes / 1024:,.1f}")
+            for c in costs]
     widths = [max(len(row[i]) for row in (header, *body)) for i in range(len(header))]
     left = {0, 1, 2}  # text columns; numbers are right-aligned
 
@@ -262,6 +312,8 @@ def format_table(costs: list[AttentionCost]) -> str:
         "entries: (query, key) pairs the mask allows, over the rows each layer queries;",
         "GFLOPs: 4·d_model·entries (QKᵀ and PV); vs causal: / L·N(N+1)/2; vs full: / L·N²;",
         "tile: each query block scored against its whole key block (ECP: (2S-1)/S²).",
+        "mixer GFLOPs: a recurrent layer's recurrence (chunked, projections excluded); decode:",
+        "float32 keys and values (2·capacity·d_model) or recurrent state per row, all layers.",
     ]
     if any(c.sink_tokens for c in costs):
         lines.append("sinks=k: sliding_window's attention sinks, in the entries; in tiles, k "

@@ -1,6 +1,6 @@
 """``docs/img/masks/*.svg``: each architecture's attention pattern, drawn from its own predicate.
 
-For every architecture in ``config.ARCHS`` and two hybrids, a small model config (N = 32
+For every architecture in ``config.ARCHS`` and three hybrids, a small model config (N = 32
 positions, S = 4 segments of m = 8, 3 layers, 2 heads) is built into its ``Architecture``, and
 the rows each layer holds are followed as the model's forward follows them: ``input_rows``, the
 queries of ``num_queries``, ``Rows.tail`` after the attention and the layer's ``compression``. In
@@ -14,6 +14,9 @@ and columns are positions the layer holds no row for. Each panel's ``<g>`` carri
 ``data-layers`` and ``data-heads``, the layers and heads it stands for, so a test can read the
 picture back and compare it with the predicate. Coordinates are integers, so the bytes are the
 same wherever the pictures are drawn.
+
+A recurrent mixer's predicate (mamba2, gated_deltanet, rwkv7) is causal: not keys it attends
+to, but the positions its output depends on, through the state.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ GAP, LEFT, TOP = 28, 16, 40
 PICTURES: dict[str, dict[str, object]] = {
     **{arch: {"arch": arch} for arch in (
         "transformer", "perceiver_ar", "double", "compressed_double", "ssplit", "ecp",
-        "sliding_window", "block_local", "s2")},
+        "sliding_window", "block_local", "s2", "mamba2", "gated_deltanet", "rwkv7")},
     "hybrid_ecp": {"arch": "hybrid", "layer_pattern": "ecp*2,transformer"},
     "hybrid_sliding_window": {"arch": "hybrid", "layer_pattern": "sliding_window*2,transformer"},
+    "hybrid_mamba2": {"arch": "hybrid", "layer_pattern": "mamba2*2,sliding_window"},
 }
 """Picture name -> the ModelConfig fields that differ from the shared small config."""
 
@@ -170,7 +174,10 @@ def caption(name: str, arch) -> list[str]:
         if field == "num_segments":
             sizes[-1] += f" (segments of {arch.segment_len})"
     first = f"{name}: {', '.join(sizes)}; {cfg.n_layers} layers, {cfg.n_heads} heads"
-    second = (f"rows: query positions, columns: key positions; blue: attended; grey: no row "
+    recurrent = any(arch.layer(i).recurrent for i in range(cfg.n_layers))
+    seen = ("attended, or for a recurrent layer depended on through its state" if recurrent
+            else "attended")
+    second = (f"rows: query positions, columns: key positions; blue: {seen}; grey: no row "
               f"in that layer; lines every {cfg.seq_len // NUM_SEGMENTS} positions")
     return [first, second]
 

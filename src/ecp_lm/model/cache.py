@@ -1,4 +1,5 @@
-"""Key/value caches for incremental decoding: one small module per layer.
+"""Decoding caches: one small module per layer, a key/value ring for attention (``KVCache``)
+and a fixed-size state for a recurrent mixer (``StateCache``).
 
 A cache is a ring of ``capacity`` preallocated slots per batch row: position p lives in slot
 ``p % capacity`` (sink slots aside, below), and ``pos`` (B, capacity) records which absolute
@@ -25,6 +26,12 @@ parameters' dtype, or the autocast dtype when generation runs under ``torch.auto
 - sliding_window with ``sink_tokens`` = k: k sink slots before the ring of w. Positions 0 .. k - 1
   live in slots 0 .. k - 1 and are never overwritten; position p >= k lives in slot
   k + (p - k) mod w (``slot``). With k = 0 that is p mod capacity.
+- mamba2, gated_deltanet, rwkv7: no key/value slots. A recurrent mixer's cache is its state
+  after the last position and the last inputs of its short convolution or token shift
+  (``StateCache``): the same bytes at position 10 and at position 10⁶.
+
+Both kinds keep the same host-side bookkeeping (``Stream``): per row, the stream's first
+position and the position the next write continues at.
 """
 
 from __future__ import annotations
@@ -35,11 +42,46 @@ import torch
 from torch import Tensor, nn
 
 
-class KVCache(nn.Module):
+class Stream(nn.Module):
+    """Host-side bookkeeping shared by every cache, never read by a decode step: per row, the
+    first position written (``origin``) and the position the next write continues at
+    (``next_pos``)."""
+
+    def __init__(self, batch_size: int):
+        super().__init__()
+        self.origin: list[int] = [0] * batch_size
+        self.next_pos: list[int] = [0] * batch_size
+
+    @property
+    def written(self) -> int:
+        """The most positions any row has written."""
+        return max(n - o for n, o in zip(self.next_pos, self.origin, strict=True))
+
+    def start_at(self, origin: int) -> None:
+        """Let an empty cache hold a stream whose first position is ``origin``."""
+        if self.written:
+            raise ValueError("start_at needs an empty cache")
+        self.origin = [origin] * len(self.origin)
+        self.next_pos = [origin] * len(self.next_pos)
+
+    def advance(self, count: int = 1) -> None:
+        """Record, host-side, that every row wrote ``count`` more positions (a decode step: 1)."""
+        self.next_pos = [p + count for p in self.next_pos]
+
+    def _keep_rows(self, rows: list[int]) -> None:
+        self.origin = [self.origin[r] for r in rows]
+        self.next_pos = [self.next_pos[r] for r in rows]
+
+    def _rows_of(self, caches: Sequence[Stream]) -> None:
+        self.origin = [p for c in caches for p in c.origin]
+        self.next_pos = [p for c in caches for p in c.next_pos]
+
+
+class KVCache(Stream):
     def __init__(self, batch_size: int, n_heads: int, capacity: int, head_dim: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None,
                  sinks: int = 0):
-        super().__init__()
+        super().__init__(batch_size)
         if not 0 <= sinks < capacity:
             raise ValueError(f"sinks={sinks} must lie in 0..capacity-1={capacity - 1}")
         shape = (batch_size, n_heads, capacity, head_dim)
@@ -55,23 +97,11 @@ class KVCache(nn.Module):
         """Leading slots that hold positions 0 .. sinks - 1 for good (attention sinks)."""
         self.ring = capacity - sinks
         """Slots that hold the latest positions from ``sinks`` on, overwritten in turn."""
-        # Host-side bookkeeping of the eager API (never read by a decode step): per row, the
-        # first position written and the position the next write continues at.
-        self.origin: list[int] = [0] * batch_size
-        self.next_pos: list[int] = [0] * batch_size
 
     @property
     def filled(self) -> int:
         """Slots in use: the most positions any row has written, up to the capacity."""
-        written = max(n - o for n, o in zip(self.next_pos, self.origin, strict=True))
-        return min(self.capacity, written)
-
-    def start_at(self, origin: int) -> None:
-        """Let an empty cache hold a stream whose first position is ``origin``."""
-        if self.filled:
-            raise ValueError("start_at needs an empty cache")
-        self.origin = [origin] * len(self.origin)
-        self.next_pos = [origin] * len(self.next_pos)
+        return min(self.capacity, self.written)
 
     def slots_in_use(self, ahead: int = 0) -> int:
         """How many leading slots hold every position written, and ``ahead`` more per row: an
@@ -99,7 +129,7 @@ class KVCache(nn.Module):
         (B, capacity) their slots hold. Queries of these positions attend before the write
         (``Attention._attend_cached``): a later position's slot may hold one an earlier
         position sees."""
-        self.next_pos = [p + input_pos.numel() for p in self.next_pos]
+        self.advance(input_pos.numel())
         if self.sinks and input_pos.numel() > self.ring:
             # the sinks and the last ``ring`` positions: each slot written once
             keep = (input_pos < self.sinks) | (input_pos > input_pos[-1] - self.ring)
@@ -152,17 +182,12 @@ class KVCache(nn.Module):
         self.v[rows, :, slots] = v[:, :, 0].to(self.v.dtype)
         self.pos[rows, slots] = pos
 
-    def advance(self) -> None:
-        """Record, host-side, that a decode step wrote one more position in every row."""
-        self.next_pos = [p + 1 for p in self.next_pos]
-
     def select_rows(self, index: Tensor) -> None:
         """Keep the rows ``index`` (B',) int64, in that order (a row may repeat: beam search)."""
         rows = index.tolist()
         at = index.to(self.k.device)
         self.k, self.v, self.pos = self.k[at], self.v[at], self.pos[at]
-        self.origin = [self.origin[r] for r in rows]
-        self.next_pos = [self.next_pos[r] for r in rows]
+        self._keep_rows(rows)
 
     @classmethod
     def stack(cls, caches: Sequence[KVCache]) -> KVCache:
@@ -175,12 +200,76 @@ class KVCache(nn.Module):
         out.k.copy_(torch.cat([c.k for c in caches]))
         out.v.copy_(torch.cat([c.v for c in caches]))
         out.pos.copy_(torch.cat([c.pos for c in caches]))
-        out.origin = [p for c in caches for p in c.origin]
-        out.next_pos = [p for c in caches for p in c.next_pos]
+        out._rows_of(caches)
         return out
 
 
-def decode_span(caches: Sequence[KVCache]) -> int:
+class StateCache(Stream):
+    """A recurrent mixer's decoding cache: named state tensors of fixed shapes, each (B, ...),
+    holding what the mixer needs of every position written so far (its recurrent state, the
+    last inputs of its short convolutions or token shift). Its size does not depend on the
+    position. The mixer reads and replaces them (``read``, ``write``: in place, so a compiled
+    decode step is one graph)."""
+
+    capacity = 0
+    """No key/value slots."""
+
+    def __init__(self, batch_size: int, shapes: dict[str, tuple[int, ...]],
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__(batch_size)
+        self.names = tuple(shapes)
+        for name, shape in shapes.items():
+            self.register_buffer(name, torch.zeros((batch_size, *shape), dtype=dtype,
+                                                   device=device), persistent=False)
+
+    @property
+    def filled(self) -> int:
+        """Positions written: the most of any row (the state holds all of them)."""
+        return self.written
+
+    def read(self, name: str) -> Tensor:
+        return getattr(self, name)
+
+    def write(self, name: str, value: Tensor) -> None:
+        """Replace state ``name`` by ``value`` (cast to the cache's dtype), in place."""
+        getattr(self, name).copy_(value)
+
+    def slots_in_use(self, ahead: int = 0) -> int:
+        return 0
+
+    def nbytes(self, used_only: bool = False) -> int:
+        """Bytes of the state tensors: the same whatever the position."""
+        return sum(self.read(n).numel() * self.read(n).element_size() for n in self.names)
+
+    def select_rows(self, index: Tensor) -> None:
+        """Keep the rows ``index`` (B',) int64, in that order (a row may repeat: beam search)."""
+        for name in self.names:
+            setattr(self, name, self.read(name)[index.to(self.read(name).device)])
+        self._keep_rows(index.tolist())
+
+    @classmethod
+    def stack(cls, caches: Sequence[StateCache]) -> StateCache:
+        """One cache whose rows are the rows of ``caches``, each row at its own position."""
+        first = caches[0]
+        shapes = {n: tuple(first.read(n).shape[1:]) for n in first.names}
+        out = cls(sum(len(c.origin) for c in caches), shapes, first.read(first.names[0]).dtype,
+                  first.read(first.names[0]).device)
+        for name in first.names:
+            out.write(name, torch.cat([c.read(name) for c in caches]))
+        out._rows_of(caches)
+        return out
+
+
+Cache = KVCache | StateCache
+"""A layer's decoding cache."""
+
+
+def stack_caches(caches: Sequence[Cache]) -> Cache:
+    """One layer's caches of several batches, stacked into one (their rows in order)."""
+    return type(caches[0]).stack(caches)
+
+
+def decode_span(caches: Sequence[Cache]) -> int:
     """The ``span`` of an eager decode step over one model's caches: the leading slots in use
     after it in the largest of them (``slots_in_use(ahead=1)``). Each layer reads the first
     ``span`` slots of its own ring, all of them where its ring is smaller (a hybrid's layers

@@ -3,7 +3,9 @@
 One ``LanguageModel`` serves every architecture. The ``Architecture`` object (``archs/``, one
 file per pattern) decides which positions each layer's rows hold and which rows query, which keys
 each query sees (its mask predicate) and runs its exact fast kernels; everything else is here:
-embedding, block, attention projections and RoPE, head, prefill and decode. Shapes: B batch,
+embedding, block, attention projections and RoPE, head, prefill and decode. A recurrent
+architecture gives each block its own mixer in place of ``Attention`` (``Architecture.mixer``,
+with the same interface and a state for a cache). Shapes: B batch,
 T tokens, R rows a layer holds, Rq rows that query, H heads, D head size, d = H·D, V vocabulary.
 """
 
@@ -20,7 +22,7 @@ from torch.utils.checkpoint import checkpoint
 
 from ecp_lm.model.archs import architecture
 from ecp_lm.model.archs.base import Architecture
-from ecp_lm.model.cache import KVCache, decode_span
+from ecp_lm.model.cache import Cache, KVCache, decode_span
 from ecp_lm.model.context_parallel import ContextGroup
 from ecp_lm.model.kernels import check_kernel, choose_kernel
 from ecp_lm.model.kernels.flex import flex_attention_from_mask
@@ -155,6 +157,11 @@ class Attention(nn.Module):
         return cached_attention(q, keys, values, self.arch.mask, kv_pos[len(rows) - q.size(2):],
                                 slot_pos)
 
+    def make_cache(self, batch_size: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        """An empty cache of this layer's capacity (the pattern's ``cache_capacity``)."""
+        return KVCache(batch_size, self.n_heads, self.arch.cache_capacity, self.head_dim, dtype,
+                       device, self.arch.sink_len)
+
     def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
                rotation: Rotation | None = None) -> Tensor:
         """One new row per batch row, x (B, 1, d) at positions ``pos`` (B,), written into
@@ -213,19 +220,22 @@ class Block(nn.Module):
     """``x = x + Attn(Norm(x)); x = x + FF(Norm(x))``. Where only the last ``n_query`` rows
     query (PerceiverAR's layer 0, or the last layer, whose other rows nobody reads), the residual
     is those rows and the block returns only them. An architecture may map the rows to fewer
-    between the two (``Architecture.compression``: compressed_double's history)."""
+    between the two (``Architecture.compression``: compressed_double's history), or put a
+    recurrent mixer in attention's place (``Architecture.mixer``)."""
 
     def __init__(self, cfg: ModelConfig, arch: Architecture, rope: RotaryEmbedding | None,
                  layer: int):
         super().__init__()
         self.attn_norm = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg, arch, rope)
+        mixer = arch.mixer(cfg, layer)
+        self.attn = Attention(cfg, arch, rope) if mixer is None else mixer
+        """The token mixer: attention, or the architecture's recurrent mixer."""
         self.ff_norm = nn.LayerNorm(cfg.d_model)
         self.ff = FeedForward(cfg)
         self.dropout = Dropout(cfg.dropout)
         self.compress = arch.compression(layer)
 
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: KVCache | None = None,
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: Cache | None = None,
                 context: ContextGroup | None = None, rotation: Rotation | None = None
                 ) -> tuple[Tensor, Rows]:
         update = self.attn(self.attn_norm(x), rows, n_query, cache, context, rotation)
@@ -234,7 +244,7 @@ class Block(nn.Module):
             x, rows = self.compress(x, rows)
         return x + self.dropout(self.ff(self.ff_norm(x))), rows
 
-    def decode(self, x: Tensor, pos: Tensor, cache: KVCache, span: int | None = None,
+    def decode(self, x: Tensor, pos: Tensor, cache: Cache, span: int | None = None,
                rotation: Rotation | None = None) -> Tensor:
         """One token per batch row at positions ``pos`` (B,): (B, 1, d) -> (B, 1, d)."""
         x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
@@ -303,7 +313,7 @@ class LanguageModel(nn.Module):
                              f"got {tuple(targets.shape)}")
         return self.head_loss(hidden, targets[:, targets.size(1) - hidden.size(1):], reduction)
 
-    def hidden_states(self, tokens: Tensor, caches: list[KVCache] | None = None,
+    def hidden_states(self, tokens: Tensor, caches: list[Cache] | None = None,
                       start_pos: int = 0, context: ContextGroup | None = None) -> Tensor:
         """tokens (B, T) int64 at positions ``start_pos`` .. -> final-normed hidden states of the
         predicted positions, (B, P, d). With ``caches``, their keys and values go into the
@@ -369,20 +379,20 @@ class LanguageModel(nn.Module):
 
     # Incremental decoding (architectures with a cache_capacity) --------------------------------
     def make_caches(self, batch_size: int, device: torch.device | str | None = None,
-                    dtype: torch.dtype | None = None) -> list[KVCache] | None:
-        """One empty KV cache per layer, or None if this architecture decodes by recomputing.
+                    dtype: torch.dtype | None = None) -> list[Cache] | None:
+        """One empty cache per layer (keys and values, or a recurrent mixer's state), or None if
+        this architecture decodes by recomputing.
         By default on the model's device, in ``compute_dtype`` (call it under the same autocast
         as the decoding)."""
         if self.arch.cache_capacity is None or self.cfg.num_classes is not None:
             return None
         device = torch.device(device) if device is not None else self.embed.weight.device
         dtype = dtype or self.compute_dtype(device.type)
-        # Each layer's own capacity (a hybrid's local layers keep their rings, its global the N)
-        return [KVCache(batch_size, self.cfg.n_heads, block.attn.arch.cache_capacity,
-                        self.cfg.head_dim, dtype, device, block.attn.arch.sink_len)
-                for block in self.blocks]
+        # Each layer's own (a hybrid's local layers keep their rings, its global the N, its
+        # recurrent layers their states)
+        return [block.attn.make_cache(batch_size, dtype, device) for block in self.blocks]
 
-    def prefill(self, tokens: Tensor, caches: list[KVCache], start_pos: int = 0) -> Tensor:
+    def prefill(self, tokens: Tensor, caches: list[Cache], start_pos: int = 0) -> Tensor:
         """Logits (B, T, V) of a prompt at positions ``start_pos`` .., filling empty caches."""
         if any(cache.filled for cache in caches):
             raise ValueError("prefill needs empty caches (make_caches)")
@@ -390,11 +400,11 @@ class LanguageModel(nn.Module):
             cache.start_at(start_pos)
         return self.head(self.hidden_states(tokens, caches, start_pos))
 
-    def decode_one_token(self, token: Tensor, pos: int | Tensor, caches: list[KVCache]
+    def decode_one_token(self, token: Tensor, pos: int | Tensor, caches: list[Cache]
                          ) -> Tensor:
         """Logits (B, V) after ``token`` (B, 1) at absolute position ``pos``, the position after
         the last one in the caches: an int, or a (B,) tensor where rows stand at different
-        positions (``KVCache.stack``). Checks the call, then runs ``decode_step``."""
+        positions (``stack_caches``). Checks the call, then runs ``decode_step``."""
         if token.dim() != 2 or token.size(1) != 1 or not caches[0].filled:
             raise ValueError("decode_one_token takes one (B, 1) token after a prefill")
         expected = caches[0].next_pos
@@ -411,7 +421,7 @@ class LanguageModel(nn.Module):
             cache.advance()
         return logits
 
-    def decode_step(self, token: Tensor, pos: Tensor, caches: list[KVCache],
+    def decode_step(self, token: Tensor, pos: Tensor, caches: list[Cache],
                     span: int | None = None) -> Tensor:
         """The decode step: token (B, 1) at positions ``pos`` (B,) int64 -> logits (B, V).
         Tensor operations of fixed shape only, no host sync and no branch on the caches' state,
@@ -449,7 +459,7 @@ class LanguageModel(nn.Module):
             check_kernel(block.attn.arch, self.cfg.attn_impl, device, dtype, dropout, training)
 
     def check_context(self, shard_len: int, context: ContextGroup, start_pos: int,
-                      caches: list[KVCache] | None = None) -> None:
+                      caches: list[Cache] | None = None) -> None:
         """Refuses a context-parallel call this architecture cannot compute exactly
         (ValueError): the window of K shards of ``shard_len`` must suit its halo."""
         if caches is not None:

@@ -12,8 +12,11 @@ from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.compressed_double import CompressedDouble
 from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
+from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.hybrid import Hybrid
+from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
+from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
 from ecp_lm.model.archs.transformer import Transformer
@@ -28,6 +31,9 @@ REGISTRY: dict[str, type[Architecture]] = {
     "sliding_window": SlidingWindow,
     "block_local": BlockLocal,
     "s2": ShiftedSparse,
+    "mamba2": Mamba2,
+    "gated_deltanet": GatedDeltaNet,
+    "rwkv7": RWKV7,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

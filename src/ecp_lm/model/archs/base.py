@@ -41,6 +41,12 @@ class ArchConfig(Protocol):
     block_len: int | None
     group_len: int | None
     sink_tokens: int
+    mixer_width: int | None
+    state_size: int | None
+    conv_size: int | None
+    chunk_size: int | None
+    d_model: int
+    tied_kv: bool
     rope: str
     rope_base: float
     layer_pattern: str | None
@@ -108,6 +114,9 @@ class Architecture:
     start at a period); ``Attention._attend`` then gives the key rows before the queries (a
     context-parallel halo, the keys a cached chunk reads from the ring) zero queries and drops
     their outputs. Otherwise ``attend`` takes the queries of the last Rq <= R rows."""
+    recurrent: ClassVar[bool] = False
+    """Whether a recurrent mixer replaces attention in this pattern's layers (``mixer``;
+    recurrent.py)."""
     takes_sink_tokens: ClassVar[bool] = False
     """Whether the pattern takes ``sink_tokens`` (sliding_window): refused for a model none of
     whose layers does, and set to 0 in the config of a hybrid's other layers."""
@@ -238,6 +247,11 @@ class Architecture:
         """Rows producing queries in ``layer``: all of them, except in the last layer, where only
         the predicted rows are read afterwards."""
         return n_predicted if layer == self.cfg.n_layers - 1 else len(rows)
+
+    def mixer(self, cfg: ArchConfig, layer: int) -> nn.Module | None:
+        """The module that replaces attention in layer ``layer`` (a recurrent mixer, with
+        Attention's interface), or None: the layer attends with this pattern."""
+        return None
 
     def compression(self, layer: int) -> nn.Module | None:
         """A module that maps (x, rows) to fewer rows between the attention and the feed-forward

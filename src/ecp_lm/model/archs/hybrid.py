@@ -16,6 +16,10 @@ What the model as a whole accepts follows from its layers:
 - with local layers only, any length, from any position where every layer's pattern starts
   (a multiple of each period); decoding runs without end on the rings, and uncached generation
   reads the receptive field the layers compose, from the top layer down;
+- with recurrent layers (mamba2, gated_deltanet, rwkv7) and no global one, any length from
+  any position the other layers allow; decoding keeps each recurrent layer's state beside the
+  other layers' rings, and uncached generation reads the whole sequence (the state depends on
+  every position); RoPE rotates the attention layers only;
 - context parallelism where every layer has a halo (local layers only).
 """
 
@@ -29,6 +33,9 @@ from torch import nn
 from ecp_lm.model.archs.base import ArchConfig, Architecture, BandArchitecture
 from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.ecp import ECP
+from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
+from ecp_lm.model.archs.mamba2 import Mamba2
+from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
 from ecp_lm.model.archs.transformer import Transformer
@@ -39,9 +46,14 @@ LAYERS: dict[str, type[Architecture]] = {
     "sliding_window": SlidingWindow,
     "block_local": BlockLocal,
     "s2": ShiftedSparse,
+    "mamba2": Mamba2,
+    "gated_deltanet": GatedDeltaNet,
+    "rwkv7": RWKV7,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
-predicts every position, so any of them can follow any other."""
+predicts every position, so any of them can follow any other (a recurrent mixer's layer too:
+Nemotron-H's ``mamba2*3,transformer``, Qwen3-Next's ``gated_deltanet*3,transformer``, Samba's
+``mamba2,sliding_window``)."""
 
 
 def _kinds(cfg: ArchConfig) -> dict[str, type[Architecture]]:
@@ -106,7 +118,8 @@ class Hybrid(Architecture):
         return self.layers[layer]
 
     def rope_base(self, layer: int) -> float | None:
-        own = super().rope_base(layer)  # ``rope``'s rule, which holds for every local layer
+        # ``rope``'s rule, which holds for every local layer (none for a recurrent one)
+        own = self.layers[layer].rope_base(layer)
         if not self.layers[layer].global_attention:
             return own
         mode = self.cfg.global_rope  # a global layer: rotated by ``rope``'s rule, if unset
@@ -164,8 +177,10 @@ class Hybrid(Architecture):
         self._each_kind("check_context", t, k)
 
     def context_start(self, length: int) -> int:
+        if self.max_len is not None:
+            return super().context_start(length)  # a global layer: the last window of N
         if not self.local:
-            return super().context_start(length)  # the last window of N
+            return 0  # a recurrent layer's state depends on every position
         if any(kind.sink_len for kind in self.kinds):
             return 0  # every position sees the sinks at 0 .. k - 1 through its window layers
         start = length - 1  # the position whose output predicts the next token

@@ -1,0 +1,245 @@
+"""Recurrent token mixers in place of attention: what mamba2, gated_deltanet and rwkv7 share
+(SPEC §3d).
+
+A recurrent architecture keeps the skeleton (embedding, pre-norm blocks, feed-forward, head)
+and replaces each block's attention by a mixer of its own (``Recurrent.mixer``): a module that
+reads its rows in order and carries a fixed-size state from each position to the next. So:
+
+- the output at position q depends on every position up to q (the "mask" is causal), through
+  the state, and on no later one;
+- there are no positions in the computation (no RoPE): a window may start anywhere, and any
+  input length is accepted;
+- decoding keeps the state (``cache.StateCache``), not keys and values: constant memory, exact
+  for any length, and a chunk into a filled state is one call of the chunked kernel started
+  from that state;
+- the kernels are the mixer's own: ``chunked`` (the chunkwise-parallel form in PyTorch, any
+  device, forward and backward), ``reference`` (the token-by-token recurrence, the definition)
+  and, on CUDA where flash-linear-attention is installed, ``fla`` (its Triton kernels);
+- context parallelism is refused: a shard would need the state of every shard before it.
+
+A mixer module has Attention's interface (``forward(x, rows, n_query, cache, ...)`` and
+``decode(x, pos, cache, ...)``), so a block and a hybrid treat both alike.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from ecp_lm.model.archs.base import ArchConfig, Architecture
+from ecp_lm.model.archs.transformer import CausalMask
+from ecp_lm.model.cache import StateCache
+from ecp_lm.model.kernels import choose_kernel
+from ecp_lm.model.rows import Rows
+
+KERNELS = ("fla", "chunked")
+"""A recurrent mixer's kernels besides ``reference``, in ``auto``'s order."""
+
+
+def fla_installed() -> bool:
+    """Whether flash-linear-attention (``fla``, the ``fla`` extra) can be imported."""
+    return importlib.util.find_spec("fla") is not None
+
+
+class Recurrent(Architecture):
+    """Base of the recurrent architectures: one mixer per layer, built by ``mixer``."""
+
+    mask = CausalMask()
+    kernels = KERNELS
+    recurrent: ClassVar[bool] = True
+    default_chunk: ClassVar[int] = 64
+    """``chunk_size`` when the config leaves it unset."""
+
+    @classmethod
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
+        return {"chunk_size": cls.default_chunk} if cfg.chunk_size is None else {}
+
+    @classmethod
+    def check(cls, cfg: ArchConfig) -> None:
+        choices = ("auto", "reference", *cls.kernels)
+        if cfg.attn_impl not in choices:
+            raise ValueError(f"arch={cfg.arch!r} is a recurrent mixer, which has no "
+                             f"attn_impl={cfg.attn_impl!r} kernel; its kernels: "
+                             f"{', '.join(choices)} (reference: the token-by-token recurrence)")
+
+    def mixer(self, cfg: ArchConfig, layer: int) -> nn.Module:
+        """The token mixer of layer ``layer``, in place of attention."""
+        raise NotImplementedError
+
+    def rope_base(self, layer: int) -> float | None:
+        return None  # a recurrence has no positions to rotate
+
+    @property
+    def max_len(self) -> int | None:
+        return None
+
+    @property
+    def cache_capacity(self) -> int:
+        return 0  # an exact cache of no key/value slots: the state (StateCache)
+
+    def check_start_pos(self, start_pos: int) -> None:
+        if start_pos < 0:
+            raise ValueError(f"start_pos={start_pos} must be >= 0")
+
+    def check_context(self, t: int, k: int) -> None:
+        if k > 1:
+            raise ValueError(f"arch={self.cfg.arch!r} has no context-parallel form: its state "
+                             "carries every earlier position, so a shard would need the final "
+                             "state of every shard before it (run it unsplit, "
+                             "train.context_parallel=1)")
+
+    def context_start(self, length: int) -> int:
+        return 0  # the state depends on every position: uncached generation reads them all
+
+    def layer_cost(self, layer: int) -> tuple[int, int]:
+        return 0, 0  # no attention: no score entries in either convention
+
+    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
+        return self.kernels
+
+    def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
+        if kernel == "fla":
+            if not q.is_cuda:
+                return f"flash-linear-attention's kernels run on CUDA, not {q.device.type}"
+            if not fla_installed():
+                return ("flash-linear-attention is not installed (pip install "
+                        "'ecp-lm[fla]')")
+        return None
+
+    def state_bytes(self, dtype_bytes: int = 4) -> int:
+        """Bytes of one layer's decoding state for one batch row."""
+        raise NotImplementedError
+
+    def mixer_flops(self, seq_len: int) -> float:
+        """Forward FLOPs per token of the recurrence itself (projections excluded), in the
+        chunked form at this length."""
+        raise NotImplementedError
+
+
+class ShortConv(nn.Module):
+    """A causal depthwise convolution over the time axis with kernel size K, its last K - 1
+    inputs the tail a cache keeps: ``forward(x, tail)`` for x (B, T, C) returns the outputs
+    (B, T, C) and the new tail (B, K - 1, C). A zero tail is a sequence's start."""
+
+    def __init__(self, channels: int, size: int):
+        super().__init__()
+        self.size = size
+        self.conv = nn.Conv1d(channels, channels, size, groups=channels, bias=True)
+
+    def forward(self, x: Tensor, tail: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        b, _, c = x.shape
+        if tail is None:
+            tail = x.new_zeros(b, self.size - 1, c)
+        full = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, K - 1 + T, C)
+        out = self.conv(full.transpose(1, 2)).transpose(1, 2)  # (B, T, C)
+        return out, full[:, full.size(1) - (self.size - 1):]
+
+
+class RecurrentMixer(nn.Module):
+    """A mixer's plumbing: the kernel chosen per call, its state read from a cache and written
+    back. A subclass gives ``state_shapes`` and ``mix(x, state, kernel) -> (y, state)`` for a
+    run of rows x (B, R, d) from ``state`` (a dict of the cache's tensors, None at a sequence's
+    start); ``decode`` runs ``mix`` on one row with the reference (token-by-token) kernel."""
+
+    rope = None  # a block reads its mixer's RoPE: none here
+
+    def __init__(self, cfg: ArchConfig, arch: Recurrent):
+        super().__init__()
+        self.arch, self.impl = arch, cfg.attn_impl
+
+    def state_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Each state tensor's shape for one batch row."""
+        raise NotImplementedError
+
+    def mix(self, x: Tensor, state: dict[str, Tensor] | None, kernel: str
+            ) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def make_cache(self, batch_size: int, dtype: torch.dtype, device: torch.device
+                   ) -> StateCache:
+        # The state accumulates every position: float32 at least, whatever the model runs in.
+        return StateCache(batch_size, self.state_shapes(), torch.promote_types(dtype,
+                          torch.float32), device)
+
+    def kernel(self, x: Tensor) -> str:
+        needs_backward = torch.is_grad_enabled() and x.requires_grad
+        return choose_kernel(self.arch, self.impl, x, 0.0, needs_backward)
+
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: StateCache | None = None,
+                context: object = None, rotation: object = None) -> Tensor:
+        """x (B, R, d) -> (B, n_query, d), the last n_query rows' outputs; with a cache, from
+        its state (a filled one) and into it."""
+        state = _read(cache) if cache is not None and cache.filled else None
+        y, new = self.mix(x, state, self.kernel(x))
+        if cache is not None:
+            _write(cache, new)
+            cache.advance(x.size(1))
+        return y[:, y.size(1) - n_query:]
+
+    def decode(self, x: Tensor, pos: Tensor, cache: StateCache, span: int | None = None,
+               rotation: object = None) -> Tensor:
+        """One row per batch row, x (B, 1, d), from the cache's state and into it (tensor
+        operations only: one compiled graph for every step)."""
+        y, new = self.mix(x, _read(cache), "reference")
+        _write(cache, new)
+        return y
+
+
+def _read(cache: StateCache) -> dict[str, Tensor]:
+    return {name: cache.read(name) for name in cache.names}
+
+
+def _write(cache: StateCache, state: dict[str, Tensor]) -> None:
+    for name in cache.names:
+        cache.write(name, state[name])
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm over the last dimension (groups of ``group`` channels each normalised on their
+    own), times silu(gate): ``norm(x) * silu(z)`` (Gated DeltaNet's output norm) or, with
+    ``gate_first``, ``norm(x * silu(z))`` (Mamba-2's)."""
+
+    def __init__(self, width: int, group: int, gate_first: bool, eps: float = 1e-6):
+        super().__init__()
+        self.group, self.gate_first, self.eps = group, gate_first, eps
+        self.weight = nn.Parameter(torch.ones(width))
+
+    def forward(self, x: Tensor, z: Tensor) -> Tensor:
+        dtype = x.dtype
+        x, z = wide(x), wide(z)
+        if self.gate_first:
+            x = x * F.silu(z)
+        shape = x.shape
+        g = x.reshape(*shape[:-1], shape[-1] // self.group, self.group)
+        g = g * torch.rsqrt(g.pow(2).mean(-1, keepdim=True) + self.eps)
+        out = g.reshape(shape) * self.weight.to(g.dtype)
+        if not self.gate_first:
+            out = out * F.silu(z)
+        return out.to(dtype)
+
+
+def wide(x: Tensor) -> Tensor:
+    """x in float32, or as it is if wider (float64): what the recurrences compute in."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
+def heads_of(x: Tensor, n_heads: int) -> Tensor:
+    """(B, T, H·D) -> (B, H, T, D)."""
+    b, t, _ = x.shape
+    return x.view(b, t, n_heads, -1).transpose(1, 2)
+
+
+def merge_heads(x: Tensor) -> Tensor:
+    """(B, H, T, D) -> (B, T, H·D)."""
+    b, h, t, d = x.shape
+    return x.transpose(1, 2).reshape(b, t, h * d)
+
+
+def log_spaced(n: int, low: float, high: float) -> Tensor:
+    """n values evenly spaced in log scale from ``low`` to ``high``."""
+    return torch.exp(torch.linspace(math.log(low), math.log(high), n))
