@@ -22,7 +22,12 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   block mask at T = 4k, 16k, 64k, and how many times the compiled FlexAttention call compiled
   over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
 - ``decode``: ECP's and the transformer's decode step at batch 1, eager and compiled, beside the
-  bandwidth floor (``ecp_lm.bench.decode.run_decode_modes``).
+  bandwidth floor (``ecp_lm.bench.decode.run_decode_modes``);
+- ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7) at the paper
+  width, forward and backward under bf16 autocast, batch 1, at T = 2k, 8k, 32k, with its chunked
+  PyTorch form and with flash-linear-attention's kernels (``fla``, where installed): the time of
+  each, and the largest difference of fla's output from the chunked form's, relative to the
+  output's largest magnitude.
 
 ``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
 runs it so); ``--budget S`` skips what would start after S seconds.
@@ -204,7 +209,59 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
-SECTIONS = ("device", "train", "kernels", "block_masks", "decode")
+MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7")
+
+
+def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[], float]
+                   ) -> list[dict[str, Any]]:
+    from ecp_lm.config import ModelConfig
+    from ecp_lm.model.archs import architecture
+    from ecp_lm.model.kernels import kernel_problem
+
+    spec = size["spec"]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = []
+    for seq_len in size["kernel_lens"]:
+        for name in MIXER_ARCHS:
+            if left() <= 0:
+                rows.append({"arch": name, "seq_len": seq_len, "skipped": "out of time"})
+                continue
+            cfg = ModelConfig(arch=name, d_model=spec["d_model"], n_heads=spec["n_heads"],
+                              n_layers=1, seq_len=seq_len)
+            arch = architecture(name)(cfg)
+            torch.manual_seed(0)
+            mixer = arch.mixer(arch.cfg, 0).to(device)
+            x = torch.randn(1, seq_len, cfg.d_model, device=device, requires_grad=True)
+            outputs = {}
+            for kernel in ("chunked", "fla"):
+                case = {"arch": name, "seq_len": seq_len, "kernel": kernel}
+                problem = kernel_problem(arch, kernel, x, 0.0, True)
+                if problem is not None:
+                    rows.append({**case, "skipped": problem})
+                    continue
+
+                def call(kernel: str = kernel, mixer: torch.nn.Module = mixer,
+                         x: torch.Tensor = x) -> torch.Tensor:
+                    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                        return mixer.mix(x, None, kernel)[0].float()
+
+                try:
+                    seconds = _time_call(call, True, device)
+                    with torch.no_grad():
+                        outputs[kernel] = call()
+                except Exception as err:
+                    rows.append({**case, "error": _short(err)})
+                    continue
+                rows.append({**case, "ms": seconds * 1e3})
+            if len(outputs) == 2:
+                scale = outputs["chunked"].abs().max().clamp_min(1e-12)
+                diff = (outputs["fla"] - outputs["chunked"]).abs().max() / scale
+                rows.append({"arch": name, "seq_len": seq_len, "kernel": "fla vs chunked",
+                             "relative_difference": float(diff)})
+    return rows
+
+
+SECTIONS = ("device", "train", "kernels", "block_masks", "decode", "mixers")
 
 
 def run(device: torch.device, quick: bool, budget: float,
@@ -222,6 +279,7 @@ def run(device: torch.device, quick: bool, budget: float,
         ("kernels", lambda: kernels_section(device, size, left)),
         ("block_masks", lambda: block_mask_section(device, size)),
         ("decode", lambda: decode_section(device, size, quick)),
+        ("mixers", lambda: mixers_section(device, size, left)),
     ]
     for name, section in sections:
         if name not in only:
@@ -281,6 +339,19 @@ def table(report: dict[str, Any]) -> str:
             picks = ", ".join(f"T={t}: {p['fastest']} (auto: {p['auto_picks']})"
                               for t, p in by_len.items())
             lines.append(f"fastest {arch}: {picks}")
+    mixers = report.get("mixers")
+    if mixers:
+        lines += ["", "| mixer | T | kernel | ms (fwd+bwd) or fla's difference |",
+                  "|---|---|---|---|"]
+        for c in mixers:
+            if "ms" in c:
+                value = f"{c['ms']:.2f}"
+            elif "relative_difference" in c:
+                value = f"{c['relative_difference']:.1e} of the largest output"
+            else:
+                value = c.get("error") or c.get("skipped")
+            lines.append(f"| {c['arch']} | {c['seq_len']:,} | {c.get('kernel', '-')} | "
+                         f"{value} |")
     for name, err in report.get("errors", {}).items():
         lines.append(f"{name}: {err}")
     return "\n".join(lines)

@@ -215,3 +215,16 @@ def in_namespace(script: str, cwd):
            "ECP": f"{sys.executable} -m ecp_lm"}
     return subprocess.run(["unshare", "-rm", "sh", "-c", script], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=300)
+
+
+def load_script(path, name: str):
+    """A script outside the package (``benchmarks/*.py``) imported as module ``name``, also
+    registered in ``sys.modules`` (dataclasses look their module up there)."""
+    import importlib.util
+    import sys
+
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        sys.modules[name] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules[name])
+    return sys.modules[name]

@@ -98,7 +98,7 @@ class ModelConfig:
     """Taps of the short causal convolution of ``mamba2`` and ``gated_deltanet`` (default 4)."""
     chunk_size: int | None = None
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
-    ``gated_deltanet``, 16 for ``rwkv7``); the results do not depend on it beyond rounding."""
+    ``gated_deltanet``, 32 for ``rwkv7``); the results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0

@@ -4,7 +4,6 @@ table and JSON carry every case of every architecture."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from contextlib import nullcontext
 from pathlib import Path
@@ -12,15 +11,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import load_script
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "dropout.py"
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("dropout_bench_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "dropout_bench_script")
 
 
 def test_each_case_runs_its_kernels_and_masks(script, native_kernel, monkeypatch):

@@ -58,7 +58,7 @@ def test_measurements_run_on_the_cpu(tmp_path):
     out = tmp_path / "gpu_check.json"
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu_check.py"),
                            "--device", "cpu", "--quick", "--sections",
-                           "device,train,kernels,block_masks", "--json", str(out)],
+                           "device,train,kernels,block_masks,mixers", "--json", str(out)],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(out.read_text())
@@ -76,3 +76,9 @@ def test_measurements_run_on_the_cpu(tmp_path):
     for arch in ("ecp", "sliding_window", "block_local", "s2"):
         choice = kernels["fastest"][arch]["256"]
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
+    mixers = report["mixers"]
+    assert {(c["arch"], c["kernel"]) for c in mixers if "ms" in c} == {
+        (arch, "chunked") for arch in ("mamba2", "gated_deltanet", "rwkv7")}
+    skipped = {c["skipped"] for c in mixers if c["kernel"] == "fla"}
+    assert skipped == {"flash-linear-attention's kernels run on CUDA, not cpu"}
+    assert "| mamba2 | 256 | chunked |" in done.stdout

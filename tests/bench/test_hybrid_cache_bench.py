@@ -3,11 +3,12 @@ ratio of its layers' slots to a transformer's, with the slots written out by han
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+
+from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "hybrid_cache.py"
 N, M, LAYERS, HEADS, D_MODEL = 256, 16, 6, 4, 256
@@ -15,10 +16,7 @@ N, M, LAYERS, HEADS, D_MODEL = 256, 16, 6, 4, 256
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("hybrid_cache_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "hybrid_cache_script")
 
 
 def equal_cost_window(n: int, m: int) -> int:

@@ -6,7 +6,6 @@ shortest's. Tiny sizes, every case in this process."""
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import json
 import subprocess
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from ecp_lm.model import model as skeleton
+from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_chunks.py"
 TINY = ["--seq-len", "32", "--segments", "4", "--tokens", "200", "--d-model", "32",
@@ -23,10 +23,7 @@ TINY = ["--seq-len", "32", "--segments", "4", "--tokens", "200", "--d-model", "3
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("stream_chunks_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(SCRIPT, "stream_chunks_script")
 
 
 def test_each_path_runs_what_it_names(script, monkeypatch):

@@ -4,7 +4,8 @@ token by token with the explicit transition matrix diag(w_t) + a_t b_tᵀ, in fl
     S_t = S_{t-1} (diag(exp(log_w_t)) + a_t b_tᵀ) + v_t k_tᵀ,    o_t = S_t r_t
 
 with RWKV-7's a = −κ̂ and b = κ̂ ⊙ α (κ̂ unit, α in (0, 1)) and decays in its range
-[exp(−e^{−1/2}), 1). The chunked form (float32) must give the reference's outputs, final state
+[exp(−e^{−1/2}), 1). The chunked form (float32), with each pair's own decays and in the
+factored form RWKV-7's bound on the decays allows, must give the reference's outputs, final state
 and the gradients of every input for lengths that fill chunks exactly, leave a partial last
 chunk or fit in one; a prefill cut into pieces that hand the state on must equal one call; the
 recurrent (decode) form must equal the reference; very strong decay and none stay finite and
@@ -15,12 +16,14 @@ Tolerance: 1e-5 absolute, no relative part, float32 against float64.
 
 from __future__ import annotations
 
+import math
 from functools import cache
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from ecp_lm.model.kernels import dplr
 from ecp_lm.model.kernels.dplr import dplr_chunked, dplr_recurrent
 
 B, H, DK, DV = 2, 2, 8, 6
@@ -110,11 +113,30 @@ def check_against_reference(fn, seq_len: int, with_state: bool, **kwargs) -> Non
         assert_close(grad, ref_grads[name], f"d{name}")
 
 
+BOUND = math.exp(-0.5)  # RWKV-7's bound on -log_w, which make_inputs keeps
+
+
+@pytest.mark.parametrize("form", ["pairwise", "factored"])
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])
-@pytest.mark.parametrize("chunk_size", [4, 16])
+@pytest.mark.parametrize("chunk_size", [4, 16, 64])
 @pytest.mark.parametrize("seq_len", LENGTHS)
-def test_chunked_matches_reference(seq_len, chunk_size, with_state):
-    check_against_reference(dplr_chunked, seq_len, with_state, chunk_size=chunk_size)
+def test_chunked_matches_reference(seq_len, chunk_size, with_state, form, monkeypatch):
+    """With RWKV-7's bound the factored form runs where the chunk's total stays within
+    FACTOR_LIMIT (chunks of up to 32), the pairwise one beyond (here chunks of 50)."""
+    bound = BOUND if form == "factored" else None
+    factored = bound is not None and min(chunk_size, seq_len) * bound <= dplr.FACTOR_LIMIT
+    other = "_pairwise" if factored else "_factored"
+    monkeypatch.setattr(dplr, other, lambda *a: pytest.fail(f"{other} ran"))
+    check_against_reference(dplr_chunked, seq_len, with_state, chunk_size=chunk_size,
+                            decay_bound=bound)
+
+
+def test_a_bound_too_loose_for_the_chunk_takes_the_pairwise_form(monkeypatch):
+    """The factored form's factors grow as exp(chunk · bound): past FACTOR_LIMIT the kernel keeps
+    each pair's own decays."""
+    monkeypatch.setattr(dplr, "_factored", lambda *a: pytest.fail("_factored ran"))
+    check_against_reference(dplr_chunked, 50, True, chunk_size=16,
+                            decay_bound=dplr.FACTOR_LIMIT / 15)
 
 
 @pytest.mark.parametrize("with_state", [False, True], ids=["zero_state", "initial_state"])

@@ -20,8 +20,16 @@ def exact_matmuls():
 
 
 CUDA_KERNELS = [(arch, impl) for arch in ARCHS
-                for impl in ("flex", "auto", *architecture(arch).kernels)
-                if impl != "native"]  # CPU only
+                for impl in (() if architecture(arch).recurrent else ("flex",))
+                + ("auto", *architecture(arch).kernels)
+                if impl != "native"]  # CPU only; a recurrent mixer has no flex
+
+
+@pytest.fixture(autouse=True)
+def fla_where_named(request):
+    """A recurrent mixer's fla cases need flash-linear-attention (pip install fla-core)."""
+    if "fla" in request.node.name:
+        pytest.importorskip("fla")
 
 
 @pytest.mark.parametrize(("arch", "impl"), CUDA_KERNELS)
@@ -41,7 +49,8 @@ def test_cuda_kernels_equal_reference(arch, impl):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-4, rtol=1e-3, msg=name)
 
 
-@pytest.mark.parametrize("arch", ["ecp", "transformer", "sliding_window", "block_local", "s2"])
+@pytest.mark.parametrize("arch", ["ecp", "transformer", "sliding_window", "block_local", "s2",
+                                  "mamba2", "gated_deltanet", "rwkv7"])
 def test_cuda_cached_generation(arch):
     model = sharp_model(arch).cuda()
     prompt = random_tokens(2, 5).cuda()

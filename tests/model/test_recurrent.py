@@ -248,7 +248,7 @@ def test_sizes_belong_to_the_mixers_that_have_them():
         tiny_config("hybrid", layer_pattern="mamba2,rwkv7", tied_kv=True)
     cfg = tiny_config("mamba2").resolved()
     assert (cfg.mixer_width, cfg.state_size, cfg.conv_size, cfg.chunk_size) == (64, 64, 4, 64)
-    assert tiny_config("rwkv7").resolved().chunk_size == 16
+    assert tiny_config("rwkv7").resolved().chunk_size == 32
 
 
 # Hybrids --------------------------------------------------------------------------------------

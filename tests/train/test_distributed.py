@@ -18,6 +18,13 @@ RUNS = {  # name: (overrides, stop_at then resume)
     "fsdp": (["train.fsdp=true", "train.grad_accum=2"], False),
     "dropout": (["model.dropout=0.2"], False),
     "dropout-resumed": (["model.dropout=0.2"], True),
+    # recurrent mixers beside attention: their parameters (A_log, D, convolutions, low-rank
+    # maps) sharded and reduced like any other
+    "fsdp-recurrent": (["train.fsdp=true", "model.arch=hybrid",
+                        "model.layer_pattern=mamba2,rwkv7,gated_deltanet,ecp",
+                        "model.n_layers=4"], False),
+    "ddp-recurrent": (["model.arch=hybrid", "model.layer_pattern=mamba2,rwkv7,gated_deltanet,ecp",
+                       "model.n_layers=4"], False),
 }
 
 
@@ -64,7 +71,7 @@ def two_ranks(tmp_path_factory):
     return tmp_path, [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
 
 
-@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+@pytest.mark.parametrize("name", ["ddp", "fsdp", "ddp-recurrent", "fsdp-recurrent"])
 def test_two_ranks_equal_one_process_on_the_combined_batch(two_ranks, name):
     tmp_path, ranks = two_ranks
     overrides = [o for o in RUNS[name][0] if not o.startswith("train.fsdp")]

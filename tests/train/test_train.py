@@ -37,7 +37,7 @@ def test_two_steps_write_a_loadable_checkpoint(tmp_path, arch):
     assert (tmp_path / "run" / "best" / "model.safetensors").is_file()
 
 
-@pytest.mark.parametrize("arch", ["ecp", "perceiver_ar"])
+@pytest.mark.parametrize("arch", ["ecp", "perceiver_ar", "mamba2", "gated_deltanet", "rwkv7"])
 def test_resume_equals_uninterrupted(tmp_path, arch):
     overrides = ["model.dropout=0.1"]  # RNG state must be restored too
     cfg = tiny_run_config(tmp_path, arch, overrides, steps=6, grad_accum=2)

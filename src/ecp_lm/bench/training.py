@@ -53,15 +53,21 @@ def _pass_through(q, k, v, rows):
     return q + (k.sum() + v.sum()) * 0.0
 
 
+def attending_blocks(model) -> list:
+    """The blocks whose token mixer is attention (not a recurrent mixer)."""
+    return [block for block in model.blocks if not block.attn.arch.recurrent]
+
+
 def pass_attention_through(model) -> None:
-    """Replace every layer's attention by ``_pass_through``."""
-    for block in model.blocks:
+    """Replace every attention layer's attention by ``_pass_through``."""
+    for block in attending_blocks(model):
         block.attn._attend = _pass_through
 
 
 def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
     """One (arch, N) case in this process. Compiled, the attention share is not measured (the
-    pass-through would be another compilation) and is None."""
+    pass-through would be another compilation) and is None; a model of recurrent mixers only has
+    no attention, and its share is 0."""
     from ecp_lm.runtime import autocast, resolve_precision
 
     if spec.threads:
@@ -81,8 +87,11 @@ def run_case(arch: str, seq_len: int, spec: BenchSpec) -> dict[str, Any]:
         peak = peak_bytes(device, mark)
         bare = None
         if spec.attention_share and not spec.compile:
-            pass_attention_through(model)
-            bare = statistics.median(time_steps(model, optimizer, tokens, spec))
+            if attending_blocks(model):
+                pass_attention_through(model)
+                bare = statistics.median(time_steps(model, optimizer, tokens, spec))
+            else:  # recurrent mixers only: no attention to time
+                bare = statistics.median(times)
         share = (product_share(model, optimizer, tokens, loss)
                  if spec.profile and device.type == "cpu" else None)
     step = statistics.median(times)
@@ -124,10 +133,11 @@ def product_share(model, optimizer, tokens, loss=None) -> float:
 
 @contextmanager
 def kernels_run(model) -> Iterator[set[str]]:
-    """The names of the attention kernels the model's layers run while the block runs (each
+    """The names of the kernels the model's layers run while the block runs (each
     ``choose_kernel`` answer for the model's architecture; a hybrid's as ``kind:kernel``, for
-    each of its layers' architectures)."""
+    each of its layers' architectures), attention's and the recurrent mixers' alike."""
     from ecp_lm.model import model as layers
+    from ecp_lm.model.archs import recurrent
 
     arch, ran = model.arch, set()
     kinds = {id(block.attn.arch) for block in model.blocks if block.attn.arch is not arch}
@@ -141,11 +151,11 @@ def kernels_run(model) -> Iterator[set[str]]:
             ran.add(f"{chosen_for.cfg.arch}:{kernel}")
         return kernel
 
-    layers.choose_kernel = recording
+    layers.choose_kernel = recurrent.choose_kernel = recording
     try:
         yield ran
     finally:
-        layers.choose_kernel = choose
+        layers.choose_kernel = recurrent.choose_kernel = choose
 
 
 def run(archs: list[str], seq_lens: list[int], spec: BenchSpec,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
@@ -177,7 +178,8 @@ def _run(args: argparse.Namespace) -> int:
     report = {"meta": {"torch": torch.__version__, "machine": platform.machine(),
                        **vars(spec), "threads": torch.get_num_threads(),
                        "patterns": patterns,
-                       "kernels": {r["arch"]: r["kernel"] for r in results}},
+                       "kernels": {r["arch"]: r["kernel"] for r in results},
+                       "malloc_env": malloc_env()},
               "train": results}
     if args.decode:
         report["decode"] = decode.run_decode(args.decode_lengths, DECODE_STEPS, spec,
@@ -190,6 +192,13 @@ def _run(args: argparse.Namespace) -> int:
     if args.plot and results and not (args.train_modes or args.checkpointing):
         training.plot(results, str(args.plot))
     return 0
+
+
+def malloc_env() -> dict[str, str]:
+    """The glibc allocator's settings in the environment (``MALLOC_*``), which every case's
+    process inherits: on the CPU they decide whether a large tensor's pages are faulted in
+    anew at every allocation (performance.md, "Recurrent mixers")."""
+    return {k: v for k, v in sorted(os.environ.items()) if k.startswith("MALLOC_")}
 
 
 def _loss_memory(args: argparse.Namespace, spec) -> int:

@@ -39,6 +39,9 @@ from ecp_lm.model.kernels import dplr
 
 MIXES = ("r", "w", "k", "v", "a", "g")
 """The token-shift mixes, in the order of ``RWKV7Mixer.mu``'s rows."""
+DECAY_BOUND = math.exp(-0.5)
+"""Every −log_w is below e^{−1/2} (the form of log_w above), which lets the chunked kernel use
+its factored form (dplr.py) for chunks of up to 20·e^{1/2} ≈ 32 tokens."""
 
 
 def lora_rank(scale: float, d_model: int, power: float) -> int:
@@ -48,7 +51,7 @@ def lora_rank(scale: float, d_model: int, power: float) -> int:
 
 class RWKV7(Recurrent):
     size_fields = ("chunk_size",)
-    default_chunk = 16
+    default_chunk = 32
 
     def mixer(self, cfg: ArchConfig, layer: int) -> nn.Module:
         return RWKV7Mixer(cfg, self, layer)
@@ -119,7 +122,7 @@ class RWKV7Mixer(RecurrentMixer):
         if kernel == "fla":
             o, final = fla_rwkv7(*args, start)
         elif kernel == "chunked":
-            o, final = dplr.dplr_chunked(*args, self.chunk, start)
+            o, final = dplr.dplr_chunked(*args, self.chunk, start, decay_bound=DECAY_BOUND)
         else:
             o, final = dplr.dplr_recurrent(*args, start)
         norm = self.norm  # in the recurrence's dtype
@@ -150,13 +153,16 @@ class LowRank(nn.Module):
 def fla_rwkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
               initial_state: Tensor | None) -> tuple[Tensor, Tensor]:
     """The rule on flash-linear-attention's ``chunk_rwkv7`` (CUDA; its layout is (B, T, H, D),
-    its log-decay ``w``, its state (B, H, K, V), this kernel's transposed)."""
+    its state (B, H, K, V), this kernel's transposed). Its ``w`` is the log-decay itself
+    (passed on as the generalised rule's ``gk``), by keyword: the argument order changed
+    between releases."""
     from fla.ops.rwkv7 import chunk_rwkv7
 
     def fla(x: Tensor) -> Tensor:
         return x.transpose(1, 2).contiguous()
 
     start = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-    o, final = chunk_rwkv7(fla(r), fla(log_w), fla(k), fla(v), fla(a), fla(b), scale=1.0,
-                           initial_state=start, output_final_state=True)
+    o, final = chunk_rwkv7(r=fla(r), k=fla(k), v=fla(v), a=fla(a), b=fla(b),
+                           w=fla(log_w), scale=1.0, initial_state=start,
+                           output_final_state=True)
     return o.transpose(1, 2), final.transpose(-1, -2)

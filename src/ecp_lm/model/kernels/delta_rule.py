@@ -163,11 +163,15 @@ def gated_delta_rule_chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: T
     k_end = k * to_end.unsqueeze(-1)                                      # (B, H, N, C, Dk)
     chunk_decay = from_start[..., -1, None, None]                         # (B, H, N, 1, 1)
 
+    # Each chunk's pieces, split once: indexing a chunk inside the loop would cost its backward
+    # a zero-filled gradient of the whole tensor per chunk, O(T²) in all.
+    pieces = zip(*(x.unbind(dim=2) for x in (u0, w, q_start, attn, chunk_decay, k_end)),
+                 strict=True)
     outputs = []
-    for n in range(num_chunks):
+    for u0_n, w_n, q_n, attn_n, decay_n, k_end_n in pieces:
         state_t = state.transpose(-1, -2)                                 # S0^T, (B, H, Dk, Dv)
-        u = u0[:, :, n] - w[:, :, n] @ state_t                            # (B, H, C, Dv)
-        outputs.append(q_start[:, :, n] @ state_t + attn[:, :, n] @ u)    # (B, H, C, Dv)
-        state = chunk_decay[:, :, n] * state + u.transpose(-1, -2) @ k_end[:, :, n]
+        u = u0_n - w_n @ state_t                                          # (B, H, C, Dv)
+        outputs.append(q_n @ state_t + attn_n @ u)                        # (B, H, C, Dv)
+        state = decay_n * state + u.transpose(-1, -2) @ k_end_n
     o = torch.stack(outputs, dim=2).reshape(batch, heads, num_chunks * chunk, dv)[:, :, :seq_len]
     return o.to(out_dtype), state

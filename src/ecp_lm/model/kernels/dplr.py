@@ -23,11 +23,18 @@ once per chunk for both right-hand sides, P = P0 + W S0ᵀ, and the chunks then 
     O   = R̃ S0ᵀ + A_rb P + A_rk V                      R̃_i = r_i ⊙ G[i, -1]
     S_C = S0 diag(G[-1, -1]) + Pᵀ (B ⊙ G[-1, :]) + Vᵀ (K ⊙ G[-1, :])
 
-The decay differs per channel, so each pair (i, j) of a chunk keeps its own (Dk,) decay vector:
-(C, C, Dk) numbers per chunk and head, C·Dk per token, linear in T. Each is the exponential of
-a sum of log-decays over its own run of tokens (a masked cumulative sum, never a difference of
-long running sums), so it lies in [0, 1] whatever the decays. The last chunk is padded with
-tokens that leave the state unchanged (log_w = 0, a = b = k = v = r = 0).
+The decay differs per channel. Two forms give the chunk's pair matrices A_ab, A_ak, A_rb, A_rk:
+
+- pairwise (any decays): each pair (i, j) keeps its own (Dk,) decay vector, (C, C, Dk) numbers
+  per chunk and head, C·Dk per token, linear in T. Each is the exponential of a sum of
+  log-decays over its own run of tokens (a masked cumulative sum, never a difference of long
+  running sums), so it lies in [0, 1] whatever the decays;
+- factored (decays bounded by the caller, ``decay_bound``): G[i, j] = exp(L_i)·exp(−L_j) with L
+  the chunk's running sum, so each matrix is one product of (C, Dk) factors, Dk numbers per
+  token; used where the chunk's total decay stays within ``FACTOR_LIMIT``.
+
+The last chunk is padded with tokens that leave the state unchanged (log_w = 0,
+a = b = k = v = r = 0).
 
 Both forms compute in float32 (float64 inputs in float64); the outputs come back in the dtype of
 ``v``, the state in the computing dtype.
@@ -104,12 +111,61 @@ def _pair_decay(log_w: Tensor) -> Tensor:
     return runs.masked_fill(~causal.unsqueeze(-1), float("-inf")).exp()
 
 
+def _pairwise(r: Tensor, log_w: Tensor, k: Tensor, a: Tensor, b: Tensor
+              ) -> tuple[Tensor, ...]:
+    """The chunk's pair matrices from each pair's own decay vector, (C, C, Dk) numbers per chunk:
+    exact for any decays. Returns A_ab, A_ak, A_rb, A_rk, G[i, -1] and G[-1, j]."""
+    decay = _pair_decay(log_w)                                  # G[i, j], (B, H, N, C, C, Dk)
+    before = F.pad(decay[..., :-1, :, :], (0, 0, 0, 0, 1, 0))   # G[i-1, j] (0 in row 0)
+    a_ab = torch.einsum("...ik,...ijk,...jk->...ij", a, before, b)   # zero for j >= i
+    a_ak = torch.einsum("...ik,...ijk,...jk->...ij", a, before, k)
+    a_rb = torch.einsum("...ik,...ijk,...jk->...ij", r, decay, b)    # zero for j > i
+    a_rk = torch.einsum("...ik,...ijk,...jk->...ij", r, decay, k)
+    return a_ab, a_ak, a_rb, a_rk, log_w.cumsum(dim=-2).exp(), decay[..., -1, :, :]
+
+
+def _factored(r: Tensor, log_w: Tensor, k: Tensor, a: Tensor, b: Tensor
+              ) -> tuple[Tensor, ...]:
+    """The same matrices as ``_pairwise`` from G[i, j] = exp(L_i)·exp(−L_j), L the running sum
+    of the chunk's log-decays: matrix products of (C, Dk) factors, no (C, C, Dk) tensor. Each
+    entry is a product of factors each exact to rounding (no difference of large numbers), but
+    exp(−L_j) grows with the chunk's total decay: only for decays bounded so that it stays
+    below exp(FACTOR_LIMIT)."""
+    chunk = log_w.shape[-2]
+    run = log_w.cumsum(dim=-2)                                  # L_i, (B, H, N, C, Dk)
+    run_before = F.pad(run[..., :-1, :], (0, 0, 1, 0))          # L_{i-1}
+    grow = torch.exp(-run)                                      # exp(−L_j)
+    a_f, r_f = a * run_before.exp(), r * run.exp()
+    b_g, k_g = b * grow, k * grow
+    strict = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril(-1)
+    lower = torch.ones(chunk, chunk, dtype=torch.bool, device=r.device).tril()
+    a_ab = (a_f @ b_g.transpose(-1, -2)).masked_fill(~strict, 0.0)
+    a_ak = (a_f @ k_g.transpose(-1, -2)).masked_fill(~strict, 0.0)
+    a_rb = (r_f @ b_g.transpose(-1, -2)).masked_fill(~lower, 0.0)
+    a_rk = (r_f @ k_g.transpose(-1, -2)).masked_fill(~lower, 0.0)
+    to_end = torch.exp(run[..., -1:, :] - run)                  # G[-1, j], within one chunk
+    return a_ab, a_ak, a_rb, a_rk, run.exp(), to_end
+
+
+FACTOR_LIMIT = 20.0
+"""The largest chunk total of log-decays (in magnitude) the factored form takes. The factors
+stay far inside float32's range well beyond it; what it bounds is the backward, where the
+gradient of L_j collects terms of size exp(±chunk total) that cancel: measured against float64,
+the worst gradient's error relative to its largest entry is 2e-7 with each pair's own decays and
+4.5e-7 factored at a total of 19 (RWKV-7's bound, chunks of 32), 1.8e-6 at 30 (chunks of 50)."""
+
+
 def dplr_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-                 chunk_size: int = 16, initial_state: Tensor | None = None
-                 ) -> tuple[Tensor, Tensor]:
+                 chunk_size: int = 16, initial_state: Tensor | None = None,
+                 decay_bound: float | None = None) -> tuple[Tensor, Tensor]:
     """The rule chunkwise in parallel (training and prefill): within a chunk a triangular solve
     for p_i = S_{i-1} a_i, across chunks a recurrence on the state (the module's docstring).
-    Same arguments and results as ``dplr_recurrent`` (up to rounding); any T."""
+    Same arguments and results as ``dplr_recurrent`` (up to rounding); any T.
+
+    ``decay_bound``: a bound the caller guarantees on every −log_w (RWKV-7's is e^{−1/2}). Where
+    chunk_size times it is at most ``FACTOR_LIMIT``, the chunk's pair matrices are matrix
+    products of per-token factors (``_factored``: Dk numbers per token, not C·Dk); otherwise,
+    or with no bound, each pair keeps its own decay vector (``_pairwise``: any decays)."""
     batch, heads, seq_len, dk, dv = _check(r, log_w, k, v, a, b, initial_state)
     if not isinstance(chunk_size, int) or chunk_size < 1:
         raise ValueError(f"chunk_size must be a positive int, got {chunk_size!r}")
@@ -129,16 +185,11 @@ def dplr_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: T
                             for x in (r, log_w, k, v, a, b))
     # each (B, H, N, C, D)
 
-    decay = _pair_decay(log_w)                                  # G[i, j], (B, H, N, C, C, Dk)
-    before = F.pad(decay[..., :-1, :, :], (0, 0, 0, 0, 1, 0))   # G[i-1, j] (0 in row 0)
-    from_start = log_w.cumsum(dim=-2).exp()                     # G[i, -1], (B, H, N, C, Dk)
+    if decay_bound is not None and chunk * decay_bound <= FACTOR_LIMIT:
+        a_ab, a_ak, a_rb, a_rk, from_start, to_end = _factored(r, log_w, k, a, b)
+    else:
+        a_ab, a_ak, a_rb, a_rk, from_start, to_end = _pairwise(r, log_w, k, a, b)
     before_start = F.pad(from_start[..., :-1, :], (0, 0, 1, 0), value=1.0)  # G[i-1, -1]
-    to_end = decay[..., -1, :, :]                               # G[-1, j], (B, H, N, C, Dk)
-
-    a_ab = torch.einsum("...ik,...ijk,...jk->...ij", a, before, b)   # zero for j >= i
-    a_ak = torch.einsum("...ik,...ijk,...jk->...ij", a, before, k)
-    a_rb = torch.einsum("...ik,...ijk,...jk->...ij", r, decay, b)    # zero for j > i
-    a_rk = torch.einsum("...ik,...ijk,...jk->...ij", r, decay, k)
 
     unit_lower = torch.eye(chunk, dtype=dtype, device=r.device) - a_ab
     rhs = torch.cat([a_ak @ v, a * before_start], dim=-1)            # (B, H, N, C, Dv + Dk)
@@ -147,15 +198,19 @@ def dplr_chunked(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: T
 
     r_start = r * from_start                                         # R̃, (B, H, N, C, Dk)
     local = a_rk @ v                                                 # (B, H, N, C, Dv)
-    b_end, k_end = b * to_end, k * to_end
+    b_end, k_end = b * to_end, k * to_end                            # to_end: G[-1, j]
     chunk_decay = from_start[..., -1, :]                             # G[-1, -1], (B, H, N, Dk)
 
+    # Each chunk's pieces, split once: indexing a chunk inside the loop would cost its backward
+    # a zero-filled gradient of the whole tensor per chunk, O(T²) in all.
+    pieces = zip(*(x.unbind(dim=2) for x in (p0, w, r_start, a_rb, local, chunk_decay, b_end,
+                                             v, k_end)), strict=True)
     outputs = []
-    for n in range(num_chunks):
+    for p0_n, w_n, r_n, a_rb_n, local_n, decay_n, b_end_n, v_n, k_end_n in pieces:
         state_t = state.transpose(-1, -2)                            # S0ᵀ, (B, H, Dk, Dv)
-        p = p0[:, :, n] + w[:, :, n] @ state_t                       # (B, H, C, Dv)
-        outputs.append(r_start[:, :, n] @ state_t + a_rb[:, :, n] @ p + local[:, :, n])
-        state = (state * chunk_decay[:, :, n].unsqueeze(-2) + p.transpose(-1, -2) @ b_end[:, :, n]
-                 + v[:, :, n].transpose(-1, -2) @ k_end[:, :, n])
+        p = p0_n + w_n @ state_t                                     # (B, H, C, Dv)
+        outputs.append(r_n @ state_t + a_rb_n @ p + local_n)
+        state = (state * decay_n.unsqueeze(-2) + p.transpose(-1, -2) @ b_end_n
+                 + v_n.transpose(-1, -2) @ k_end_n)
     o = torch.stack(outputs, dim=2).reshape(batch, heads, num_chunks * chunk, dv)[:, :, :seq_len]
     return o.to(out_dtype), state

@@ -140,17 +140,21 @@ def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
     scores = torch.einsum("bgcin,bgcjn->bgcij", cc, bc).unsqueeze(2) * seg
     y = torch.einsum("bgrcij,bgrcjp->bgrcip", scores, xdt)
 
-    # Each chunk's own contribution to the state at its end, and its total decay.
+    # Each chunk's own contribution to the state at its end (a product over its L tokens, so
+    # no (L, P, N) tensor), and its total decay.
     to_end = seg[..., -1, :]  # (Bt, G, R, nc, L): exp(Σ_{j<s≤L−1} a_s)
-    chunk_states = torch.einsum("bgrcj,bgrcjp,bgcjn->bgrcpn", to_end, xdt, bc)
+    chunk_states = torch.einsum("bgrcjp,bgcjn->bgrcpn", to_end.unsqueeze(-1) * xdt, bc)
     chunk_decay = log_decay.sum(-1).exp()  # (Bt, G, R, nc)
 
     state = (xc.new_zeros(bt, g, r, p, n) if initial_state is None
              else initial_state.to(work).reshape(bt, g, r, p, n))
     starts = []
-    for c in range(nc):
+    # Split once: indexing a chunk inside the loop would cost its backward a zero-filled
+    # gradient of the whole tensor per chunk, O(T²) in all.
+    for decay_c, own_c in zip(chunk_decay.unbind(dim=-1), chunk_states.unbind(dim=3),
+                              strict=True):
         starts.append(state)
-        state = chunk_decay[..., c, None, None] * state + chunk_states[:, :, :, c]
+        state = decay_c[..., None, None] * state + own_c
     start_states = (torch.stack(starts, dim=3) if starts  # (Bt, G, R, nc, P, N)
                     else state.new_zeros(bt, g, r, 0, p, n))
     from_start = log_decay.cumsum(-1).exp()  # (Bt, G, R, nc, L): exp(Σ_{s≤i} a_s)
