@@ -2,7 +2,7 @@
 here from its JSON (or from the analytic cost model) and must appear in its page as written. A
 report rerun with other numbers fails this test until the page follows. The pages: the evidence
 page (docs/evidence.md), the performance page, the architectures page and the archive of the
-studies' full reports (docs/results.md)."""
+studies' full reports (docs/archive.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from ecp_lm.experiments.evidence.dropout import DROPOUT_BUDGETS, MODELS
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 EVIDENCE, PERFORMANCE = DOCS / "evidence.md", DOCS / "performance.md"
-ARCHITECTURES, RESULTS = DOCS / "concepts" / "architectures.md", DOCS / "results.md"
+ARCHITECTURES, ARCHIVE = DOCS / "concepts" / "architectures.md", DOCS / "archive.md"
 
 
 def report(path: str) -> dict:
@@ -561,9 +561,9 @@ QUOTES = {
        for name, label in EVIDENCE_ROWS.items()},
     "performance.md: throughput at 16k": (PERFORMANCE, lambda: (
         f"ECP's training tokens/s at N = 16384 is **{throughput_ratio()}×** the transformer's")),
-    "results.md: throughput at 16k": (RESULTS, lambda: (
+    "archive.md: throughput at 16k": (ARCHIVE, lambda: (
         f"{throughput_ratio()}× the transformer's training throughput at N = 16,384")),
-    "results.md: segment probe": (RESULTS, lambda: (
+    "archive.md: segment probe": (ARCHIVE, lambda: (
         "holds the value at offsets 0 … l with {low}–{high} accuracy ({layer1} in layer 1 one "
         "segment back, the\nrest {rest}) and at chance beyond ({beyond})".format(
             **segment_probe()))),
@@ -571,9 +571,9 @@ QUOTES = {
         f"which cost less ({cost('block_local')} and\n{cost('s2')} of full attention at "
         f"N = 2048, m = 256, against ECP's {cost('ecp')} and the transformer's "
         f"{cost('transformer')},")),
-    "results.md: the window in tiles": (RESULTS, lambda: (
+    "archive.md: the window in tiles": (ARCHIVE, lambda: (
         f"counted in tiles, {tile_ratio_window_to_ecp()}× ECP's")),
-    "results.md: recall, small": (RESULTS, lambda: (
+    "archive.md: recall, small": (ARCHIVE, lambda: (
         f"At L = 6 the entry-matched window ({recall_cell('sliding_window', 6)}) is ahead of "
         f"ECP ({recall_cell('ecp', 6)}), and ECP of the tile-matched window "
         f"({recall_cell('sliding_window_tiles', 6)}) and of block_local "
@@ -581,8 +581,8 @@ QUOTES = {
         f"({recall_cell('ecp', 4)} at L = 4) to separate it from either window. The "
         f"transformer is ahead of every local model at every depth "
         f"({recall_cell('transformer', 4)} at L = 4).")),
-    "results.md: recall windows' costs": (RESULTS, lambda: recall_costs()),
-    "results.md: recall, ECP's rate trials": (RESULTS, lambda: (
+    "archive.md: recall windows' costs": (ARCHIVE, lambda: recall_costs()),
+    "archive.md: recall, ECP's rate trials": (ARCHIVE, lambda: (
         "ECP's trials spread from {:.3f} to {:.3f}".format(*sorted(
             report(f"{SMALL}/recall.json")["models"]["ecp"]["trials"].values())[::4]))),
     **{f"evidence.md: full plan of {stage}": (EVIDENCE, lambda stage=stage, label=label: (
@@ -593,19 +593,19 @@ QUOTES = {
     "evidence.md: dropout, small": (EVIDENCE, lambda: (
         f"larger than the transformer's ({dropout_text('ecp/0', 'final_gap')} against "
         f"{dropout_text('transformer/0', 'final_gap')} bits/byte)")),
-    "results.md: curve, windows": (RESULTS, lambda: (
+    "archive.md: curve, windows": (ARCHIVE, lambda: (
         f"({curve_cell('ecp', 200)} against {curve_cell('sliding_window', 200)} at 200 steps) "
         f"nor from the tile-matched one ({curve_cell('sliding_window_tiles', 200)})")),
-    "results.md: curve, transformer": (RESULTS, lambda: (
+    "archive.md: curve, transformer": (ARCHIVE, lambda: (
         f"({curve_cell('ecp', 200)} against {curve_cell('transformer', 200)} at 200 steps), "
         "and its step takes {:.2f} of the transformer's here".format(
             curve_model("ecp")["step_s"] / curve_model("transformer")["step_s"]))),
-    "results.md: curve, transformer's gain": (RESULTS, lambda: (
+    "archive.md: curve, transformer's gain": (ARCHIVE, lambda: (
         "(−{:.4f} ± {:.4f} bits/byte at 200 steps)".format(
             -curve_model("transformer")["points"]["200"]["context_gain_bits"]["mean"],
             curve_model("transformer")["points"]["200"]["context_gain_bits"]["half_range"]))),
-    "results.md: curve, s2": (RESULTS, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
-    "results.md: curve, orderings": (RESULTS, lambda: "\n".join(
+    "archive.md: curve, s2": (ARCHIVE, lambda: f"({curve_cell('s2', 200)}), at the lowest cost"),
+    "archive.md: curve, orderings": (ARCHIVE, lambda: "\n".join(
         f"- {call}" for call in report(f"{SMALL}/curve.json")["equal_time"])),
     "evidence.md: hybrids, full": (EVIDENCE, lambda: (
         f"(ECP from {recall_cell('ecp', 4, where=FULL['recall'])} to "
@@ -616,58 +616,58 @@ QUOTES = {
         f"{full_hybrid_cell('hybrid_sliding_window', 600)} bits/byte at 600 steps) and level "
         f"with the other two. But no hybrid is ahead of its local layer alone (ECP "
         f"{full_hybrid_cell('ecp', 600)})")),
-    "results.md: hybrid verdict, full": (RESULTS, lambda: (
+    "archive.md: hybrid verdict, full": (ARCHIVE, lambda: (
         f"(ECP from {recall_cell('ecp', 4, where=FULL['recall'])} to "
         f"{full_hybrid('hybrid_ecp', 4)} at L = 4, block_local from chance to "
         f"{full_hybrid('hybrid_block_local', 4)})")),
-    "results.md: hybrid curve, full, windows": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, windows": (ARCHIVE, lambda: (
         f"({full_hybrid_cell('hybrid_ecp', 300)} against "
         f"{full_hybrid_cell('hybrid_sliding_window', 300)} at 300 steps, "
         f"{full_hybrid_cell('hybrid_ecp', 600)} against "
         f"{full_hybrid_cell('hybrid_sliding_window', 600)} at 600)")),
-    "results.md: hybrid curve, full, pure": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, pure": (ARCHIVE, lambda: (
         f"ECP's hybrid {full_hybrid_cell('hybrid_ecp', 600)} at 600 steps against ECP's "
         f"{full_hybrid_cell('ecp', 600)}")),
-    "results.md: hybrid curve, full, tiles": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, tiles": (ARCHIVE, lambda: (
         f"({full_hybrid_cell('sliding_window_tiles', 600)} against the tile-matched hybrid's "
         f"{full_hybrid_cell('hybrid_sliding_window_tiles', 600)} at 600 steps)")),
-    "results.md: hybrid curve, full, transformer": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, transformer": (ARCHIVE, lambda: (
         f"({full_hybrid_cell('hybrid_ecp', 600)} against "
         f"{full_hybrid_cell('transformer', 600)})")),
-    "results.md: hybrid curve, full, gain": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, gain": (ARCHIVE, lambda: (
         f"ECP's hybrid gains {full_hybrid_gain('hybrid_ecp')} bits/byte from windows of N at "
         f"600 steps, positive in every seed and above ECP alone ({full_hybrid_gain('ecp')}), "
         f"ranges separated; the transformer's own gain there is "
         f"{full_hybrid_gain('transformer')}, not positive in every seed. block_local's hybrid "
         f"loses with the longer windows in every seed ({full_hybrid_gain('hybrid_block_local')} "
         "at 600 steps)")),
-    "results.md: hybrid curve, full, step": (RESULTS, lambda: (
+    "archive.md: hybrid curve, full, step": (ARCHIVE, lambda: (
         "one global layer in four adds {:.0%} to ECP's step here ({:.3f} s against {:.3f} s), "
         "while the transformer's is {:.3f} s".format(
             full_hybrid_curve("hybrid_ecp")["step_s"] / full_hybrid_curve("ecp")["step_s"] - 1,
             full_hybrid_curve("hybrid_ecp")["step_s"], full_hybrid_curve("ecp")["step_s"],
             full_hybrid_curve("transformer")["step_s"]))),
-    "results.md: hybrid recall, full": (RESULTS, lambda: (
+    "archive.md: hybrid recall, full": (ARCHIVE, lambda: (
         f"hybrid ECP answers {full_hybrid('hybrid_ecp', 4)} at L = 4, pure ECP "
         f"{recall_cell('ecp', 4, where=FULL['recall'])} at the same budget (the recall stage "
         "above), and block_local, at chance alone "
         f"({recall_cell('block_local', 4, where=FULL['recall'])}), answers "
         f"{full_hybrid('hybrid_block_local', 4)} as a hybrid's local layer")),
-    "results.md: hybrid recall, full, windows": (RESULTS, full_hybrid_windows),
-    "results.md: hybrid recall, full, L = 8": (RESULTS, full_hybrid_deep),
-    "results.md: hybrid recall": (RESULTS, lambda: (
+    "archive.md: hybrid recall, full, windows": (ARCHIVE, full_hybrid_windows),
+    "archive.md: hybrid recall, full, L = 8": (ARCHIVE, full_hybrid_deep),
+    "archive.md: hybrid recall": (ARCHIVE, lambda: (
         f"hybrid ECP answers\n{hybrid_recall('hybrid_ecp', 4)} at L = 4, pure ECP "
         f"{recall_cell('ecp', 4)} at the same budget")),
-    "results.md: hybrid recall, windows": (RESULTS, lambda: hybrid_windows()),
-    "results.md: hybrid recall, block_local and transformer": (RESULTS, lambda: (
+    "archive.md: hybrid recall, windows": (ARCHIVE, lambda: hybrid_windows()),
+    "archive.md: hybrid recall, block_local and transformer": (ARCHIVE, lambda: (
         hybrid_block_local_and_transformer())),
-    "results.md: hybrid curve": (RESULTS, lambda: hybrid_against_pure()),
-    "results.md: hybrid recall, rate trials": (RESULTS, lambda: hybrid_rate_trials()),
+    "archive.md: hybrid curve": (ARCHIVE, lambda: hybrid_against_pure()),
+    "archive.md: hybrid recall, rate trials": (ARCHIVE, lambda: hybrid_rate_trials()),
     "evidence.md: recall's step times at L = 4": (EVIDENCE, lambda: (
         "took a median of {:.3f}–{:.3f} s a step in the run its report keeps".format(
             *(f(r["depths"]["4"]["train_step_s"] for r in report(f"{SMALL}/recall.json")
                 ["models"].values()) for f in (min, max))))),
-    "results.md: ECP's step in both curves": (RESULTS, lambda: (
+    "archive.md: ECP's step in both curves": (ARCHIVE, lambda: (
         "ECP's step here {:.3f} s against {:.3f} s in the curve stage's".format(
             report(f"{SMALL}/hybrid-curve.json")["models"]["ecp"]["step_s"],
             report(f"{SMALL}/curve.json")["models"]["ecp"]["step_s"]))),
@@ -676,18 +676,18 @@ QUOTES = {
         f"at L = 4, but the tile-matched window is the better local layer "
         f"({hybrid_recall('hybrid_sliding_window_tiles', 4)})"
         if hybrid_windows() != "the stage no longer says this" else "no longer")),
-    "results.md: hybrid context gain": (RESULTS, lambda: (
+    "archive.md: hybrid context gain": (ARCHIVE, lambda: (
         "gains are at most +{:.4f} bits/byte (hybrid ECP {:+.4f} ± {:.4f} at 200 steps)".format(
             max(m["points"][p]["context_gain_bits"]["mean"] for m in report(
                 f"{SMALL}/hybrid-curve.json")["models"].values() for p in ("100", "200")),
             hybrid_gain()["mean"], hybrid_gain()["half_range"]))),
-    "results.md: dropout gaps": (RESULTS, lambda: dropout_gaps()),
-    "results.md: dropout, not yet overfitting": (RESULTS, lambda: dropout_regime()),
-    "results.md: dropout, kernel tiles": (RESULTS, lambda: (
+    "archive.md: dropout gaps": (ARCHIVE, lambda: dropout_gaps()),
+    "archive.md: dropout, not yet overfitting": (ARCHIVE, lambda: dropout_regime()),
+    "archive.md: dropout, kernel tiles": (ARCHIVE, lambda: (
         "at N = 256 a block-sparse kernel with blocks of 128 visits {kernel_tiles:.3f} of the "
         "tiles for all four models".format(**dropout_costs("ecp")) if len({
             dropout_costs(a)["kernel_tiles"] for a in MODELS}) == 1 else "differ")),
-    "results.md: relay, small": (RESULTS, lambda: (
+    "archive.md: relay, small": (ARCHIVE, lambda: (
         f"the answer drops to chance when the path is replaced ({relay('ecp', 'path_replaced')} "
         f"across value-to-query offsets of 2–4 segments; chance 0.062), from "
         f"{relay('ecp', 'clean')} clean, while the control leaves it at "
@@ -695,43 +695,43 @@ QUOTES = {
         f"drop is the path's, not the damage's. The sliding window behaves the same "
         f"({relay('sliding_window', 'path_replaced')} against "
         f"{relay('sliding_window', 'control_replaced')} for the control).")),
-    "results.md: relay, transformer": (RESULTS, lambda: (
+    "archive.md: relay, transformer": (ARCHIVE, lambda: (
         f"replacing the path costs it {relay('transformer', 'drop', (2, 4, 6))}, less than the "
         f"control's {relay('transformer', 'control_drop', (2, 4, 6))}")),
-    "results.md: recall, full, the entry-matched window against ECP": (RESULTS, lambda: ", ".join(
+    "archive.md: recall, full, the entry-matched window against ECP": (ARCHIVE, lambda: ", ".join(
         f"{recall_cell('sliding_window', d, where=FULL['recall'])} against "
         f"{recall_cell('ecp', d, where=FULL['recall'])} at L = {d}" for d in (2, 4, 6))),
-    "results.md: recall, full, transformer": (RESULTS, lambda: (
+    "archive.md: recall, full, transformer": (ARCHIVE, lambda: (
         f"**The transformer is ahead of every local model** "
         f"({recall_cell('transformer', 2, where=FULL['recall'])} at L = 2)")),
-    "results.md: recall, full, at chance": (RESULTS, lambda: (
+    "archive.md: recall, full, at chance": (ARCHIVE, lambda: (
         f"trials ({span(full_recall_trials('sliding_window_tiles', 'block_local'))} after 2,400 "
         f"steps, where ECP reached {span(sorted(full_recall_trials('ecp'))[-3:])} at 3e-5, "
         f"1e-4 and\n3e-4)")),
-    "results.md: recall, full, one value per seed": (RESULTS, lambda: (
+    "archive.md: recall, full, one value per seed": (ARCHIVE, lambda: (
         "({}, {}, {} for seeds 0, 1, 2), and its held-out loss is within 0.001 of".format(
             *(f"{a:.3f}" for a in stage_model("recall", "block_local", FULL["recall"])
               ["depths"]["2"]["per_seed"])))),
-    "results.md: recall, full, ECP's reach at L = 2": (RESULTS, lambda: (
+    "archive.md: recall, full, ECP's reach at L = 2": (ARCHIVE, lambda: (
         "{} at two segments and chance at three ({}) and four\n({})".format(
             *relay_offsets("ecp", 2, where=FULL["relay"])))),
-    "results.md: recall, full, the window's reach at L = 2": (RESULTS, lambda: " / ".join(
+    "archive.md: recall, full, the window's reach at L = 2": (ARCHIVE, lambda: " / ".join(
         relay_offsets("sliding_window", 2, where=FULL["relay"]))),
-    "results.md: relay, full, ECP": (RESULTS, lambda: (
+    "archive.md: relay, full, ECP": (ARCHIVE, lambda: (
         f"sends ECP to chance: {relay_full('ecp', 'path_replaced')}, from "
         f"{relay_full('ecp', 'clean')} clean. The control replaces as many\n"
         f"segments before the value. It leaves {relay_full('ecp', 'control_replaced')} "
         f"and costs {relay_full('ecp', 'control_drop')}, against the path's\n"
         f"{relay_full('ecp', 'drop')}.")),
-    "results.md: relay, full, window": (RESULTS, lambda: (
+    "archive.md: relay, full, window": (ARCHIVE, lambda: (
         f"{relay_full('sliding_window', 'path_replaced')} with the path "
         f"replaced, against\n{relay_full('sliding_window', 'control_replaced')} "
         "for the control")),
-    "results.md: relay, full, transformer": (RESULTS, lambda: (
+    "archive.md: relay, full, transformer": (ARCHIVE, lambda: (
         "Replacing the path costs it, at every depth, "
         f"{relay_full('transformer', 'drop', (2, 4, 6))}, "
         f"and\nthe control {relay_full('transformer', 'control_drop', (2, 4, 6))}.")),
-    "results.md: binding, full": (RESULTS, lambda: (
+    "archive.md: binding, full": (ARCHIVE, lambda: (
         f"reads the right value from ECP at {binding('ecp', FULL['relay'])} (chance 0.062), as "
         f"well as the\nentry-matched window ({binding('sliding_window', FULL['relay'])}) and "
         f"nearly as well as the transformer ({binding('transformer', FULL['relay'])}). The best "
@@ -757,24 +757,24 @@ QUOTES = {
         "1.6e-2: {}, {}, {}, {})".format(
             curve_trial("sliding_window", 4e-3) - curve_trial("sliding_window", 8e-3),
             *(f"{curve_trial('sliding_window', lr):.3f}" for lr in (2e-3, 4e-3, 8e-3, 1.6e-2))))),
-    "results.md: curve, full, context": (RESULTS, lambda: (
+    "archive.md: curve, full, context": (ARCHIVE, lambda: (
         f"({signed(full_gain('transformer'))} bits/byte, {gain_span('transformer')}), so at "
         "this budget the experiment can see long context. ECP's is positive in every seed too, "
         f"but less than a tenth of it ({signed(full_gain('ecp'))}, {gain_span('ecp')}), the "
         "ranges separated. The entry-matched window's "
         f"({signed(full_gain('sliding_window'))}) overlaps both")),
-    "results.md: curve, full, the context verdict": (RESULTS, lambda: (
+    "archive.md: curve, full, the context verdict": (ARCHIVE, lambda: (
         f"({signed(full_gain('transformer'))} bits/byte), ECP less than a tenth of that "
         f"({signed(full_gain('ecp'))})")),
-    "results.md: curve, full, what a GPU would settle": (RESULTS, lambda: (
+    "archive.md: curve, full, what a GPU would settle": (ARCHIVE, lambda: (
         f"positive in every seed but small ({signed(full_gain('transformer'))} bits/byte)")),
     "evidence.md: curve, full, context": (EVIDENCE, lambda: (
         f"in every seed ({signed(full_gain('transformer'))} bits/byte) and ECP less than a "
         f"tenth of that ({signed(full_gain('ecp'))})")),
-    "results.md: curve, full, the entry-matched window": (RESULTS, lambda: (
+    "archive.md: curve, full, the entry-matched window": (ARCHIVE, lambda: (
         f"({full_cell('ecp', 600)} against {full_cell('sliding_window', 600)} at 600 steps, "
         f"{full_cell('ecp', 1200)} against {full_cell('sliding_window', 1200)} at 1,200)")),
-    "results.md: curve, full, the tile-matched window": (RESULTS, lambda: (
+    "archive.md: curve, full, the tile-matched window": (ARCHIVE, lambda: (
         f"({full_cell('sliding_window_tiles', 300)} against {full_cell('ecp', 300)} at 300 "
         f"steps, {full_cell('sliding_window_tiles', 600)} against {full_cell('ecp', 600)} at "
         "600). This window costs ECP's tiles, {:.2f} of its entries, and its step {:.2f} of "
@@ -782,35 +782,35 @@ QUOTES = {
             full_curve("sliding_window_tiles")["costs"]["entries"]
             / full_curve("ecp")["costs"]["entries"],
             full_curve("sliding_window_tiles")["step_s"] / full_curve("ecp")["step_s"]))),
-    "results.md: curve, full, transformer": (RESULTS, lambda: (
+    "archive.md: curve, full, transformer": (ARCHIVE, lambda: (
         f"({full_cell('ecp', 600)} against {full_cell('transformer', 600)} at 600 steps). The "
         "transformer's step takes {:.2f}× ECP's here ({:.3f} s against {:.3f} s), so ECP's 600 "
         "steps ({:.0f} s) are also ahead of the transformer's 600 ({:.0f} s).".format(
             full_curve("transformer")["step_s"] / full_curve("ecp")["step_s"],
             full_curve("transformer")["step_s"], full_curve("ecp")["step_s"],
             600 * full_curve("ecp")["step_s"], 600 * full_curve("transformer")["step_s"]))),
-    "results.md: curve, full, s2": (RESULTS, lambda: (
+    "archive.md: curve, full, s2": (ARCHIVE, lambda: (
         f"at the lowest cost ({full_curve('s2')['costs']['entries']:.3f} of full attention's "
         f"entries); at 1,200 steps it is level with every model ({full_cell('s2', 1200)}, the "
         "narrowest range)")),
-    "results.md: curve, full, the spread at 1,200": (RESULTS, full_curve_spread),
-    "results.md: curve, full, orderings": (RESULTS, lambda: "\n".join(
+    "archive.md: curve, full, the spread at 1,200": (ARCHIVE, full_curve_spread),
+    "archive.md: curve, full, orderings": (ARCHIVE, lambda: "\n".join(
         f"- {call}" for call in report(f"{FULL['curve']}/curve.json")["equal_time"])),
-    "results.md: dropout, full, the regime": (RESULTS, lambda: (
+    "archive.md: dropout, full, the regime": (ARCHIVE, lambda: (
         "the first {:,} bytes of enwiki-mini's training text for {} epochs of {} steps (batch "
         "{})".format(*(report(f"{FULL['dropout']}/dropout.json")[k] for k in (
             "train_bytes", "epochs", "steps_per_epoch")), DROPOUT_BUDGETS["full"].batch_size) + (
         ", ecp, sliding_window (matched in entries, w = {}), sliding_window_tiles (matched in "
         "tiles, w = m = {})".format(*(dropout_costs(m, FULL["dropout"])["window"] for m in (
             "sliding_window", "sliding_window_tiles")))))),
-    "results.md: dropout, full, the turn": (RESULTS, lambda: (
+    "archive.md: dropout, full, the turn": (ARCHIVE, lambda: (
         f"best at epochs 8-9 of 10, then {full_dropout_rise('ecp/0')}, "
         f"{full_dropout_rise('sliding_window/0')} and "
         f"{full_dropout_rise('sliding_window_tiles/0')} bits/byte by the last")),
-    "results.md: dropout, full, the gaps": (RESULTS, lambda: (
+    "archive.md: dropout, full, the gaps": (ARCHIVE, lambda: (
         f"ECP's final gap is {full_dropout('ecp/0', 'final_gap')} bits/byte, larger than the "
         f"transformer's ({full_dropout('transformer/0', 'final_gap')}, ranges separated)")),
-    "results.md: dropout, full, the windows' gaps": (RESULTS, lambda: (
+    "archive.md: dropout, full, the windows' gaps": (ARCHIVE, lambda: (
         f"ECP's final gap is the smaller, by thin margins: "
         f"{full_dropout('sliding_window/0', 'final_gap')} for the entry-matched window (the "
         f"ranges {full_dropout_apart('sliding_window')} apart) and "
@@ -819,11 +819,11 @@ QUOTES = {
         f"{full_dropout_apart('transformer')} between ECP's range and the transformer's; at "
         f"their best epochs the four gaps are not separated (ECP "
         f"{full_dropout('ecp/0', 'gap_at_best')})")),
-    "results.md: dropout, full, the windows' gaps in the verdicts": (RESULTS, lambda: (
+    "archive.md: dropout, full, the windows' gaps in the verdicts": (ARCHIVE, lambda: (
         f"smaller than both windows' by thin margins (their ranges "
         f"{full_dropout_apart('sliding_window')} and "
         f"{full_dropout_apart('sliding_window_tiles')} apart)")),
-    "results.md: dropout, full, best validation": (RESULTS, lambda: (
+    "archive.md: dropout, full, best validation": (ARCHIVE, lambda: (
         f"The transformer reaches {full_dropout('transformer/0', 'best_valid_bits')} bits/byte, "
         f"ECP {full_dropout('ecp/0', 'best_valid_bits')}, the entry-matched window "
         f"{full_dropout('sliding_window/0', 'best_valid_bits')} and the tile-matched window "
@@ -832,13 +832,13 @@ QUOTES = {
         "separated, but not of the tile-matched one (their ranges overlap by {:.4f})".format(
             dropout_cell("transformer/0", "best_valid_bits", FULL["dropout"])["max"]
             - dropout_cell("sliding_window_tiles/0", "best_valid_bits", FULL["dropout"])["min"]))),
-    "results.md: dropout, full, dropout 0.1": (RESULTS, lambda: (
+    "archive.md: dropout, full, dropout 0.1": (ARCHIVE, lambda: (
         "(ECP's final gap from {:.4f} to {:.4f} at 0.1) but costs more validation than it saves "
         "within 10 epochs (ECP {} at 0.1)".format(
             dropout_cell("ecp/0", "final_gap", FULL["dropout"])["mean"],
             dropout_cell("ecp/0.1", "final_gap", FULL["dropout"])["mean"],
             full_dropout("ecp/0.1", "best_valid_bits")))),
-    "results.md: dropout, full, verdict": (RESULTS, full_dropout_gap_claim),
+    "archive.md: dropout, full, verdict": (ARCHIVE, full_dropout_gap_claim),
     "evidence.md: dropout, full": (EVIDENCE, lambda: (
         f"ECP's train–validation gap is larger than the transformer's "
         f"{full_dropout_gap_claim()}")),
@@ -846,7 +846,7 @@ QUOTES = {
     "evidence.md: the small stages' total": (EVIDENCE, lambda: (
         f"the five `small` stages, one after\nanother in one sitting, take "
         f"{small_timing()['total']} on the two cores")),
-    "results.md: the small stages' total": (RESULTS, lambda: (
+    "archive.md: the small stages' total": (ARCHIVE, lambda: (
         f"(all five one after another in one sitting: {small_timing()['total']})")),
     "evidence.md: recall, small, again": (EVIDENCE, lambda: (
         f"the window's lead at L = 6 was not separated "
@@ -854,28 +854,28 @@ QUOTES = {
         f"{recall_cell('ecp', 6, where=RERUN)}) and ECP was also ahead of the "
         f"tile-matched window and block_local at L = 4: at 800 steps, near the threshold of "
         f"learning, rounding alone moves a seed by up to {rerun_recall_moves()}")),
-    "results.md: recall, small, again": (RESULTS, lambda: (
+    "archive.md: recall, small, again": (ARCHIVE, lambda: (
         f"a seed's accuracy moved by up to {rerun_recall_moves()}, block_local chose another "
         f"rate on its flat grid ({rerun_rates('recall', 'block_local')}), and two orderings "
         f"changed. Called only in the first run: {listed(rerun_orderings('recall')[0])}. Called "
         f"only in the second: {listed(rerun_orderings('recall')[1])}.")),
-    "results.md: hybrid recall, small, again": (RESULTS, lambda: (
+    "archive.md: hybrid recall, small, again": (ARCHIVE, lambda: (
         f"block_local's hybrid chose another rate "
         f"({rerun_rates('hybrid-recall', 'hybrid_block_local')}) "
         f"and moved ({hybrid_recall('hybrid_block_local', 4)}, then "
         f"{recall_cell('hybrid_block_local', 4, 'hybrid-recall', RERUN)} at L = 4)")),
-    "results.md: dropout, small, again": (RESULTS, lambda: (
+    "archive.md: dropout, small, again": (ARCHIVE, lambda: (
         "window, {}, then {} bits/byte, not separated either time)".format(
             *rerun_ecp_advantage()))),
-    "results.md: curve step, small, again": (RESULTS, lambda: (
+    "archive.md: curve step, small, again": (ARCHIVE, lambda: (
         "ECP's step on the curve took {:.3f} s in the first run, {:.3f} s in\nthe second".format(
             *(stage_model("curve", "ecp", w)["step_s"] for w in (SMALL, RERUN))))),
-    "results.md: relay, small, again": (RESULTS, lambda: (
+    "archive.md: relay, small, again": (ARCHIVE, lambda: (
         f"replacing the path sends ECP to chance again "
         f"({relay('ecp', 'path_replaced', where=RERUN)}, "
         f"from\n{relay('ecp', 'clean', where=RERUN)} clean, the control at "
         f"{relay('ecp', 'control_replaced', where=RERUN)})")),
-    "results.md: binding, small": (RESULTS, lambda: (
+    "archive.md: binding, small": (ARCHIVE, lambda: (
         f"ECP at best {binding('ecp')} (chance 0.062), about as well as the sliding window "
         f"({binding('sliding_window')}) and half as well as the transformer "
         f"({binding('transformer')})")),
@@ -899,7 +899,7 @@ STAGE_TABLES = {"recall": "ecp_lm.experiments.evidence.recall:recall_markdown",
 
 def check_rendering(report_path: str, target: str, in_results: bool) -> None:
     """The report ``report_path`` (.md beside its .json) is what ``target`` ("module:function")
-    renders from the JSON, and, when ``in_results``, results.md carries its table row for
+    renders from the JSON, and, when ``in_results``, archive.md carries its table row for
     row."""
     import importlib
 
@@ -908,14 +908,14 @@ def check_rendering(report_path: str, target: str, in_results: bool) -> None:
     assert (ROOT / f"{report_path}.md").read_text() == rendered
     if in_results:
         rows = [line for line in rendered.splitlines() if line.startswith("| ")]
-        text = RESULTS.read_text().splitlines()
+        text = ARCHIVE.read_text().splitlines()
         missing = [row for row in rows if row not in text]
-        assert rows and not missing, f"results.md lacks {missing[:2]}"
+        assert rows and not missing, f"archive.md lacks {missing[:2]}"
 
 
 @pytest.mark.parametrize("stage", list(STAGE_TABLES))
 def test_small_tables_are_the_stages_own(stage):
-    """results.md's tables of an Evidence III stage are the ones its markdown renders from its
+    """archive.md's tables of an Evidence III stage are the ones its markdown renders from its
     JSON, row for row, and its report file in docs/ is that rendering."""
     check_rendering(f"{SMALL}/{stage}", STAGE_TABLES[stage], in_results=True)
 
@@ -927,13 +927,13 @@ FULL_TABLES = {"recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", 
                "hybrid-recall": ("ecp_lm.experiments.evidence.recall:recall_markdown", True),
                "hybrid-curve": ("ecp_lm.experiments.evidence.curve:curve_markdown", True)}
 """Each finished full report in ``evidence/``, the function that renders it and whether
-results.md carries its table (the relay's is linked and quoted, not copied)."""
+archive.md carries its table (the relay's is linked and quoted, not copied)."""
 
 
 @pytest.mark.parametrize("stage", list(FULL_TABLES))
 def test_full_reports_are_the_stages_own(stage):
     """A full report committed in evidence/ is its stage's rendering of the JSON beside it, and
-    results.md's copy of its table is that table, row for row."""
+    archive.md's copy of its table is that table, row for row."""
     check_rendering(f"{FULL[stage]}/{stage.removeprefix('hybrid-')}", *FULL_TABLES[stage])
 
 
@@ -961,7 +961,7 @@ def test_the_curves_first_point_is_its_trial_again():
 
 
 def test_the_full_curves_verdicts_are_its_orderings():
-    """What results.md and the evidence page say of the full curve is what its report called: ECP
+    """What archive.md and the evidence page say of the full curve is what its report called: ECP
     ahead of the entry-matched window and of the transformer at 600 steps only (the latter at
     equal time too), the tile-matched window ahead of ECP at 300 and 600, s2 ahead early, no
     ordering at 1,200, and the context gains: the transformer's positive in every seed, ECP's
@@ -988,7 +988,7 @@ def test_the_full_curves_verdicts_are_its_orderings():
 
 
 def test_the_full_hybrid_curves_verdicts_are_its_orderings():
-    """What results.md says of the full hybrid curve is what its report called: ECP's hybrid
+    """What archive.md says of the full hybrid curve is what its report called: ECP's hybrid
     ahead of the entry-matched window's at both points and at equal time, level with the other
     two; no hybrid ahead of its local layer alone, the tile-matched window alone and s2 ahead
     of every hybrid; ECP's and the tile-matched hybrids ahead of the transformer at 300 steps,
@@ -1031,7 +1031,7 @@ def test_the_full_hybrid_curves_verdicts_are_its_orderings():
     assert gain["hybrid_block_local"]["max"] < 0
 
 
-def test_the_full_curves_paired_seeds_are_as_results_md_says():
+def test_the_full_curves_paired_seeds_are_as_the_archive_says():
     """At 1,200 steps, seed by seed: the tile-matched window below the entry-matched one and the
     transformer in every seed, every difference with ECP changing sign, ECP's seed 1 its worst
     and the best of both windows and the transformer."""
@@ -1048,11 +1048,11 @@ def test_the_full_curves_paired_seeds_are_as_results_md_says():
     assert max(seeds, key=lambda s: at["ecp"][s]) == 1
     assert all(min(seeds, key=lambda s: at[m][s]) == 1
                for m in ("sliding_window", "sliding_window_tiles", "transformer"))
-    assert "**The seeds are paired.**" in RESULTS.read_text()
+    assert "**The seeds are paired.**" in ARCHIVE.read_text()
 
 
 def test_the_full_dropout_verdicts_are_its_findings():
-    """What results.md and the evidence page say of the full dropout stage is what its table holds:
+    """What archive.md and the evidence page say of the full dropout stage is what its table holds:
     validation turned at dropout 0 in every seed of ECP and both windows and in two of the
     transformer's, ECP's final gap above the transformer's and below both windows' (ranges
     separated), the windows' above the transformer's, ECP's mean gap above the transformer's
@@ -1123,7 +1123,7 @@ def test_the_second_small_sitting_is_the_stages_own(stage):
 
 
 def test_the_second_small_sitting_repeats_language_and_dropout():
-    """What results.md says the second sitting repeated: every budget point of both curves and
+    """What archive.md says the second sitting repeated: every budget point of both curves and
     every dropout cell within 0.0001 bits/byte, the same rates and the same orderings at equal
     steps, one equal-time ordering of the hybrids' curve not called again, the dropout findings
     the same but for one digit, and the hybrids' recall orderings the same at both depths."""
@@ -1164,7 +1164,7 @@ def test_the_second_small_sitting_repeats_language_and_dropout():
     both = {d: [o for o in called if o not in first_only[d]]
             for d, called in report(f"{SMALL}/recall.json")["orderings"].items()}
     local = ("ecp", "sliding_window", "sliding_window_tiles", "block_local")
-    for d, called in both.items():  # what both runs call, as results.md lists it
+    for d, called in both.items():  # what both runs call, as archive.md lists it
         assert {f"transformer > {m}" for m in local} <= set(called)
         assert {"sliding_window > sliding_window_tiles", "sliding_window > block_local"} <= set(
             called)

@@ -23,10 +23,6 @@ ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 LANDING = {"README.md": README, "docs/index.md": ROOT / "docs" / "index.md"}
 MAX_LINES = 250
-RECALL = "evidence/recall/full/recall.json"
-HYBRID_RECALL = "evidence/hybrid/full/recall/recall.json"
-CURVE = "evidence/curve/full/curve.json"
-DROPOUT = "evidence/dropout/full/dropout.json"
 
 
 def text(page: str = "README.md") -> str:
@@ -49,10 +45,6 @@ def prose(markdown: str) -> str:
     out = re.sub(r"<!--.*?-->", "", out, flags=re.S)
     out = re.sub(r"`[^`]*`", "", out)
     return re.sub(r"\]\([^)]*\)", "]", out)
-
-
-def mean_h(cell: dict, places: int) -> str:
-    return f"{cell['mean']:.{places}f} ± {cell['half_range']:.{places}f}"
 
 
 def paper(arch: str) -> ModelConfig:
@@ -84,79 +76,17 @@ def paper_sizes() -> list[str]:
             f"w = {window}, ECP's entries"]
 
 
-def demo_quotes() -> list[str]:
-    rows = {r["arch"]: r for r in report("docs/demo_results.json")["rows"]}
-    ecp, par = rows["ecp"], rows["perceiver_ar"]
-    assert ecp["params"] == par["params"] and ecp["steps"] == par["steps"]
-    return [f"{ecp['params']:,} parameters, {ecp['steps']:,} steps, one seed",
-            f"ECP {ecp['bits_per_byte']:.4f} bits/byte, PerceiverAR {par['bits_per_byte']:.4f}"]
+def verdict_quotes() -> list[str]:
+    """The verdict table of Evidence IV's committed report, and the budget and width it ran
+    at (test_results_page checks that report against its run files)."""
+    from ecp_lm.experiments.evidence4 import report as evidence4
 
-
-def study1_quotes() -> list[str]:
-    """Study I's language rows (docs/results/results.json), mean ± half-range over seeds."""
-    runs = [r for r in report("docs/results/results.json") if r["kind"] == "lm"
-            and r["name"].startswith("lm/")
-            and r["arch"] in ("ecp", "transformer", "perceiver_ar")]
-    by_arch: dict[str, list[float]] = {}
-    for r in runs:
-        by_arch.setdefault(r["arch"], []).append(r["bits_per_byte"])
-    assert len({r["params"] for r in runs}) == 1 and len({r["train_tokens"] for r in runs}) == 1
-
-    def cell(arch: str) -> str:
-        v = by_arch[arch]
-        return mean_h({"mean": sum(v) / len(v), "half_range": (max(v) - min(v)) / 2}, 4)
-
-    return [f"{runs[0]['params']:,} parameters, {runs[0]['train_tokens']:,} tokens",
-            f"ECP {cell('ecp')}, transformer {cell('transformer')}, "
-            f"PerceiverAR {cell('perceiver_ar')} bits/byte"]
-
-
-def recall_cell(path: str, model: str, depth: int) -> str:
-    summary = report(path)
-    cell = summary["models"][model]["depths"][str(depth)]["accuracy"]
-    assert cell["n"] == summary["seeds"] == 3  # the README says three seeds
-    return mean_h(cell, 3)
-
-
-def recall_quotes() -> list[str]:
-    from ecp_lm.experiments.mqar.budgets import BUDGETS
-
-    summary = report(RECALL)
-    spec = BUDGETS[summary["mqar"]].spec
-    depth = 4
-    assert depth in summary["depths"]
-    return [f"a key {spec.d_min}–{spec.d_max} positions back",
-            f"MQAR, L = {depth}, three seeds",
-            f"transformer {recall_cell(RECALL, 'transformer', depth)}, sliding window (ECP's "
-            f"entries) {recall_cell(RECALL, 'sliding_window', depth)}, ECP "
-            f"{recall_cell(RECALL, 'ecp', depth)}, block_local "
-            f"{recall_cell(RECALL, 'block_local', depth)}",
-            f"ECP alone {recall_cell(RECALL, 'ecp', depth)}, ECP hybrid "
-            f"{recall_cell(HYBRID_RECALL, 'hybrid_ecp', depth)}",
-            f"Chance on the recall task is {spec.chance:.4f}."]
-
-
-def curve_quotes() -> list[str]:
-    summary = report(CURVE)
-    steps = max(summary["points"])
-    assert summary["seeds"] == 3
-
-    def gain(model: str) -> str:
-        cell = summary["models"][model]["points"][str(steps)]["context_gain_bits"]
-        return f"{cell['mean']:+.4f} ± {cell['half_range']:.4f}"
-
-    return [f"sympy-code, N = {summary['size']['seq_len']}, {steps:,} steps, three seeds",
-            f"context gain: transformer {gain('transformer')} bits/byte, ECP {gain('ecp')}"]
-
-
-def dropout_quotes() -> list[str]:
-    summary = report(DROPOUT)
-    assert summary["seeds"] == 3
-    table = summary["table"]
-    assert "ecp/0" in table  # the cells at dropout 0
-    return ["train–validation gap at dropout 0, three seeds",
-            f"ECP {mean_h(table['ecp/0']['final_gap'], 4)}, transformer "
-            f"{mean_h(table['transformer/0']['final_gap'], 4)} bits/byte: not supported"]
+    root = ROOT / "evidence4"
+    budget = "full" if (root / "report" / "full" / "verdicts.json").exists() else "small"
+    verdicts = report(f"evidence4/report/{budget}/verdicts.json")
+    width = report(f"evidence4/language/{budget}/language.json")["size"]["d_model"]
+    return [*evidence4.answer_lines(verdicts),
+            f"budget `{budget}` (d_model {width} on language"]
 
 
 def setup_quotes() -> list[str]:
@@ -170,9 +100,7 @@ def setup_quotes() -> list[str]:
             f"Python ≥ {python.removeprefix('>=')}"]
 
 
-SOURCES = {"paper preset": paper_sizes, "demo": demo_quotes, "study I": study1_quotes,
-           "recall": recall_quotes, "curve": curve_quotes, "dropout": dropout_quotes,
-           "setup": setup_quotes}
+SOURCES = {"paper preset": paper_sizes, "verdicts": verdict_quotes, "setup": setup_quotes}
 
 
 def quotes() -> list[str]:

@@ -14,7 +14,15 @@ from ecp_lm.experiments.evidence4.paired import (
     equal_time_points,
 )
 from ecp_lm.experiments.evidence4.rates import Grid, rescue_rates, select_rates
-from ecp_lm.experiments.evidence4.report import analyse, answer, extrapolate, verdict_rows
+from ecp_lm.experiments.evidence4.report import (
+    ahead_in,
+    analyse,
+    answer,
+    earlier_context,
+    earlier_context_line,
+    extrapolate,
+    verdict_rows,
+)
 
 
 def trials_of(score):
@@ -82,7 +90,8 @@ def test_pairs_follow_the_seeds_both_sides_have():
 
 def summary(stage, models, comparisons):
     return {"stage": stage, "budget": "tiny", "models": models, "comparisons": comparisons,
-            **({"points": [100]} if stage == "language" else {})}
+            **({"points": [100], "chance_bits": 4.5} if stage == "language"
+               else {"chance": 0.0625, "chance_margin": 0.02})}
 
 
 def model(lr=1e-3, inside=True, gain=None):
@@ -118,8 +127,19 @@ def test_the_report_calls_only_what_the_rules_allow():
     assert rows["perceiver_ar"]["ahead"] is None  # ECP ahead, but it trained longer
     assert rows["perceiver_ar"]["not_called_because"] == ["the model ahead trained longer"]
     table = verdict_rows(result)
-    assert answer("window", table).startswith("yes where called (1 of 1")
-    assert answer("s2", table).startswith("not shown")
+    assert answer("window", table) == "yes: ahead on language 100 steps"
+    assert [r["ahead_in"] for r in table if r["versus"] == "sliding_window"] == ["3 of 3"]
+    assert answer("s2", table) == ("not shown: not called (a rate at its grid's edge) on "
+                                   "language 100 steps")
+    assert answer("perceiver", table) == (
+        "not shown: not called (the model ahead trained longer) on language 100 steps "
+        "(equal time)")
+
+
+def test_ahead_in_counts_the_paired_seeds_where_ecps_own_value_is_ahead():
+    a, b = {"0": 2.0, "1": 2.5, "2": 2.1, "3": 1.0}, {"0": 2.2, "1": 2.4, "2": 2.3}
+    assert ahead_in({"values": [a, b], "lower_is_better": True}) == "2 of 3"
+    assert ahead_in({"values": [a, b], "lower_is_better": False}) == "1 of 3"
 
 
 def test_the_context_question_is_asked_where_the_transformer_is_sensitive():
@@ -140,6 +160,28 @@ def test_an_extrapolation_is_named_and_bounded():
     assert ext["grows"] and ext["steps"] == pytest.approx(10 ** (3 + 0.9))
     flat = {"100": {"transformer": {"0": 0.01}}, "1000": {"transformer": {"0": 0.005}}}
     assert extrapolate(flat, 0.02)["grows"] is False
+    negative = {"100": {"transformer": {"0": -0.005}}, "1000": {"transformer": {"0": -0.004}}}
+    assert extrapolate(negative, 0.02)["grows"] is False  # a smaller loss is not a gain
+
+
+def test_the_earlier_curve_names_the_budget_its_transformer_extrapolates_to(tmp_path):
+    """Evidence III's transformer gains, one run file per seed, read as the context question
+    reads its own: 0.001 at 100 steps and 0.011 at 1,000 reach 0.02 at 10^3.9 steps, at the
+    transformer's step time of 2 s; ECP's runs beside them are not read."""
+    import json
+
+    for arch, gains in (("transformer", (0.001, 0.011)), ("ecp", (0.5, 0.9))):
+        for seed in (0, 1):
+            run = tmp_path / "curve" / arch / f"seed{seed}"
+            run.mkdir(parents=True)
+            (run / "result.json").write_text(json.dumps({"seed": seed, "points": [
+                {"steps": 100, "context_gain_bits": gains[0]},
+                {"steps": 1000, "context_gain_bits": gains[1]}]}))
+    (tmp_path / "step_s.json").write_text(json.dumps({"transformer": 2.0, "ecp": 1.0}))
+    line = earlier_context_line(earlier_context(tmp_path))
+    steps = 10 ** 3.9
+    assert f"{steps:,.0f} steps" in line and f"{steps * 2 / 3600:,.1f} hours" in line
+    assert "+0.0010 at 100 steps, +0.0110 at 1000 steps" in line
 
 
 def test_a_folder_not_its_own_is_refused_in_one_line(tmp_path, capsys):
@@ -179,3 +221,92 @@ def test_the_plan_sizes_both_stages_before_anything_runs(tmp_path, capsys):
     assert "--stage language --budget tiny" in out and "--stage recall --budget tiny" in out
     assert "| mamba2 |" in out and "| rwkv7 L2 |" in out and "At most" in out
     assert not (tmp_path / "e").exists()  # nothing written
+
+
+def test_an_answer_names_each_measurement_by_its_call():
+    def row(call, where):
+        return {"question": "q", "call": call, "where": where}
+
+    behind = [row("sliding_window ahead", "recall L = 4"), row("no difference called",
+                                                              "language 400 steps")]
+    assert answer("q", behind) == ("no: behind on recall L = 4; no difference called on "
+                                   "language 400 steps")
+    both = [*behind, row("ECP ahead", "language 200 steps")]
+    assert answer("q", both).startswith("mixed: ahead on language 200 steps; behind on")
+    assert answer("other", both) == "not measured at this budget"
+
+
+def test_a_rescued_model_takes_the_best_of_everything_it_tried():
+    from ecp_lm.experiments.evidence4.rates import rescue
+
+    chosen = {"ecp": {"lr": 1e-3, "inside": True, "trials": {"0.0003": 0.5, "0.001": 0.9,
+                                                             "0.003": 0.6}},
+              "stuck": {"lr": 1e-2, "inside": True, "trials": {"0.003": 0.06, "0.01": 0.07,
+                                                               "0.03": 0.06}}}
+    asked = []
+
+    def trials(rates):
+        asked.append(rates)
+        return {m: {lr: 0.4 for lr in r} for m, r in rates.items()}
+
+    grid = Grid((3e-3, 1e-2, 3e-2), 3.0, extensions=2)
+    out = rescue(chosen, rescue_rates(chosen, lambda acc: acc < 0.1), trials, grid, False)
+    # the learner's rate, then one step below it (ties go to the smaller rate)
+    assert asked == [{"stuck": [1e-3]}, {"stuck": [3.33e-4]}]
+    assert out["stuck"]["lr"] == 3.33e-4 and out["stuck"]["rescued_at"] == [1e-3]
+    assert out["stuck"]["trials"]["0.001"] == 0.4 and not out["stuck"]["inside"]
+    assert out["ecp"] == chosen["ecp"]
+    assert rescue(chosen, {}, trials, grid, False) is chosen
+
+
+def test_models_at_chance_are_named():
+    from ecp_lm.experiments.evidence4.report import at_chance
+
+    recall = summary("recall", {"ecp": {"lr": 1e-3, "trials": {"0.001": 0.07}},
+                                "transformer": {"lr": 3e-3, "trials": {"0.003": 0.7}}}, [])
+    language = summary("language", {"ecp": {"lr": 1e-3, "trials": {"0.001": 3.1}},
+                                    "stuck": {"lr": 1e-3, "trials": {"0.001": 4.6}}}, [])
+    assert at_chance({"recall": recall, "language": language}) == {
+        "recall": ["ecp"], "language": ["stuck"]}
+
+
+TIMED = """
+import sys, time
+from pathlib import Path
+import ecp_lm.experiments.evidence4 as evidence4
+evidence4.HEARTBEAT_S = 0.1
+out = Path(sys.argv[1])
+with evidence4.timed_invocation(out, 2):
+    (out / "inside").touch()
+    time.sleep(120)
+"""
+
+
+def test_an_invocation_killed_by_sigkill_keeps_its_time(tmp_path):
+    """Each of three invocations, killed at a random instant of its stage, leaves its own entry
+    with the seconds it ran, short by at most a heartbeat; a finished one before them stays."""
+    import json
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "invocations.json").write_text(json.dumps([{"seconds": 7.5, "jobs": 1}]))
+    rng = random.Random(0)
+    ran = []
+    for _ in range(3):
+        (tmp_path / "inside").unlink(missing_ok=True)
+        child = subprocess.Popen([sys.executable, "-c", TIMED, str(tmp_path)])
+        while not (tmp_path / "inside").exists():
+            assert child.poll() is None
+            time.sleep(0.01)
+        start = time.perf_counter()
+        time.sleep(rng.uniform(0.5, 1.5))
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        ran.append(time.perf_counter() - start)
+    entries = json.loads((tmp_path / "invocations.json").read_text())
+    assert entries[0] == {"seconds": 7.5, "jobs": 1} and len(entries) == 4
+    for entry, seconds in zip(entries[1:], ran, strict=True):
+        assert entry["jobs"] == 2 and seconds - 0.5 <= entry["seconds"] <= seconds + 1.0

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 from pathlib import Path
 
 from ecp_lm.experiments import one_line_errors
@@ -51,40 +50,22 @@ BUDGETS = ("tiny", "small", "full")
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
+    from ecp_lm.experiments.evidence.jobs import pool_threads, stage_parser
     from ecp_lm.outputs import output_folder
 
-    parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", choices=(*STAGES, "all"), required=True,
-                        help="curve: the language scaling curve; recall: MQAR at L = 2, 4, 6; "
-                             "relay: interventions on the recall stage's models (run recall "
-                             "first); dropout: the overfitting regime; hybrid: ECP as the "
-                             "local layer of a hybrid; all: the five, in that order: "
-                             + ", ".join(STAGES))
-    parser.add_argument("--budget", choices=BUDGETS, default="small",
-                        help="tiny: a few minutes, every code path (CI); small: a preview at "
-                             "the study's sizes, each stage about an hour or less on a 2-core CPU; "
-                             "full: the study's budgets (the curve to 1,200 steps, recall to "
-                             "9,600), many hours, resumable")
-    parser.add_argument("--out", default="runs/evidence",
-                        help="stage folder (resumable); the repository's `evidence` folder "
-                             "keeps the full budgets' results in git across checkouts")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at once, each in its own process (default 1)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads per run (default: the cores divided by --jobs)")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--plan", action="store_true",
-                        help="run nothing: time one training step of each model here and "
-                             "print the stage's training steps and the hours they take at "
-                             "--jobs")
+    parser = stage_parser(
+        "python -m ecp_lm.experiments.evidence", __doc__, STAGES,
+        "curve: the language scaling curve; recall: MQAR at L = 2, 4, 6; relay: interventions "
+        "on the recall stage's models (run recall first); dropout: the overfitting regime; "
+        "hybrid: ECP as the local layer of a hybrid; all: the five, in that order: "
+        + ", ".join(STAGES), BUDGETS,
+        "tiny: a few minutes, every code path (CI); small: a preview at the study's sizes, each "
+        "stage about an hour or less on a 2-core CPU; full: the study's budgets (the curve to "
+        "1,200 steps, recall to 9,600), many hours, resumable",
+        "runs/evidence", "stage folder (resumable); the repository's `evidence` folder keeps "
+        "the full budgets' results in git across checkouts")
     args = parser.parse_args(argv)
-    for name in ("jobs", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} {value} must be positive")
-    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
-                               else None)
+    threads = pool_threads(parser, args)
     stages = STAGES if args.stage == "all" else (args.stage,)
     if args.plan:
         from ecp_lm.experiments.evidence.plan import plan, plan_markdown

@@ -8,6 +8,7 @@ last checkpoint).
 
 from __future__ import annotations
 
+import argparse
 import json
 import multiprocessing
 import os
@@ -99,3 +100,42 @@ def check_rates(results: dict[str, dict[str, Any]], rates: dict[str, float], out
             raise ValueError(f"{out / name} was trained at lr {result['lr']:g}, but the rate "
                              f"chosen for {result['model']} is now {rates[result['model']]:g}: "
                              f"move it away or use another --out")
+
+
+def stage_parser(prog: str, doc: str, stages: tuple[str, ...], stage_help: str,
+                 budgets: tuple[str, ...], budget_help: str, out: str, out_help: str
+                 ) -> argparse.ArgumentParser:
+    """A staged experiment's command line: ``--stage`` (one of ``stages`` or all), ``--budget``
+    (default small), ``--out`` and the pool's options (``add_pool_options``)."""
+    parser = argparse.ArgumentParser(prog=prog, description=doc.split("\n\n")[0])
+    parser.add_argument("--stage", choices=(*stages, "all"), required=True, help=stage_help)
+    parser.add_argument("--budget", choices=budgets, default="small", help=budget_help)
+    parser.add_argument("--out", default=out, help=out_help)
+    add_pool_options(parser)
+    return parser
+
+
+def add_pool_options(parser: argparse.ArgumentParser) -> None:
+    """A stage command's ``--jobs``, ``--threads``, ``--quiet`` and ``--plan``."""
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs at once, each in its own process (default 1)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads per run (default: the cores divided by --jobs)")
+    parser.add_argument("--quiet", action="store_true", help="no progress output")
+    parser.add_argument("--plan", action="store_true",
+                        help="run nothing: time one training step of each model here and "
+                             "print the stage's training steps and the hours they take at "
+                             "--jobs")
+
+
+def pool_threads(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int | None:
+    """The torch threads of each run: ``--threads``, or the cores shared among ``--jobs``
+    (None, torch's default, for one job); a ``--jobs`` or ``--threads`` below 1 is a usage
+    error."""
+    for name in ("jobs", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} {value} must be positive")
+    if args.threads:
+        return args.threads
+    return max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None

@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ecp_lm.experiments import one_line_errors
@@ -33,36 +34,20 @@ BUDGETS = ("tiny", "small", "full")
 
 @one_line_errors
 def main(argv: list[str] | None = None) -> int:
+    from ecp_lm.experiments.evidence.jobs import pool_threads, stage_parser
     from ecp_lm.outputs import output_folder
 
-    parser = argparse.ArgumentParser(prog="python -m ecp_lm.experiments.evidence4",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--stage", choices=(*STAGES, "all"), required=True,
-                        help="language: the curve (rates on validation, report on test); "
-                             "recall: MQAR (rates on selection sequences, report on others); "
-                             "report: the verdict table from what has run; all: the three")
-    parser.add_argument("--budget", choices=BUDGETS, default="small",
-                        help="tiny: every code path in minutes (CI); small: a preview at "
-                             "reduced sizes, about 2.5 hours on a 2-core CPU; full: the "
-                             "study's budgets, many hours, resumable across sessions")
-    parser.add_argument("--out", default="runs/evidence4",
-                        help="stage folder (resumable); the repository's `evidence4` folder "
-                             "keeps the results in git across checkouts")
-    parser.add_argument("--jobs", type=int, default=1,
-                        help="runs at once, each in its own process (default 1)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch CPU threads per run (default: the cores divided by --jobs)")
-    parser.add_argument("--quiet", action="store_true", help="no progress output")
-    parser.add_argument("--plan", action="store_true",
-                        help="run nothing: time one training step of each model here and "
-                             "print the training steps and the hours they take at --jobs")
+    parser = stage_parser(
+        "python -m ecp_lm.experiments.evidence4", __doc__, STAGES,
+        "language: the curve (rates on validation, report on test); recall: MQAR (rates on "
+        "selection sequences, report on others); report: the verdict table from what has run; "
+        "all: the three", BUDGETS,
+        "tiny: every code path in minutes (CI); small: a preview at reduced sizes, about 2.5 "
+        "hours on a 2-core CPU; full: the study's budgets, many hours, resumable across "
+        "sessions", "runs/evidence4", "stage folder (resumable); the repository's `evidence4` "
+        "folder keeps the results in git across checkouts")
     args = parser.parse_args(argv)
-    for name in ("jobs", "threads"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} {value} must be positive")
-    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
-                               else None)
+    threads = pool_threads(parser, args)
     stages = STAGES if args.stage == "all" else (args.stage,)
     if args.plan:
         from ecp_lm.experiments.evidence4.plan import plan, plan_markdown
@@ -84,12 +69,11 @@ def run_stage(stage: str, args: argparse.Namespace, root: Path, threads: int | N
 
     out = root / stage / args.budget
     if stage in ("language", "recall"):
-        start = time.perf_counter()
-        if stage == "language":
-            language.run_language(args.budget, out, args.jobs, threads, not args.quiet)
-        else:
-            recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
-        record_time(out, time.perf_counter() - start, args.jobs)
+        with timed_invocation(out, args.jobs):
+            if stage == "language":
+                language.run_language(args.budget, out, args.jobs, threads, not args.quiet)
+            else:
+                recall.run_recall(args.budget, out, args.jobs, args.threads, not args.quiet)
     else:
         stages = report.load(root, args.budget)
         if not stages:
@@ -102,11 +86,38 @@ def run_stage(stage: str, args: argparse.Namespace, root: Path, threads: int | N
         print(text, end="")
 
 
-def record_time(out: Path, seconds: float, jobs: int) -> None:
-    """Add one invocation's wall time to the stage's ``invocations.json`` (a stage resumed
-    across invocations took their sum; one that had finished adds the seconds to read it)."""
+HEARTBEAT_S = 30.0
+"""How often a running invocation rewrites its time: a killed one keeps it to within this."""
+
+
+@contextmanager
+def timed_invocation(out: Path, jobs: int) -> Iterator[None]:
+    """Add this invocation's wall time to the stage's ``invocations.json`` (a stage resumed
+    across invocations took their sum; one that had finished adds the seconds to read it).
+    The entry is rewritten every ``HEARTBEAT_S`` while the stage runs, so an invocation killed
+    by SIGKILL or a lost machine still counts, short by at most that much."""
+    import threading
+
     from ecp_lm.experiments.study import write_json
 
     path = out / "invocations.json"
     kept = json.loads(path.read_text()) if path.exists() else []
-    write_json(path, [*kept, {"seconds": seconds, "jobs": jobs}])
+    out.mkdir(parents=True, exist_ok=True)
+    start, stop = time.perf_counter(), threading.Event()
+
+    def record() -> None:
+        write_json(path, [*kept, {"seconds": time.perf_counter() - start, "jobs": jobs}])
+
+    def beat() -> None:
+        while not stop.wait(HEARTBEAT_S):
+            record()
+
+    record()
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        record()

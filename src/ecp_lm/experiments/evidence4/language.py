@@ -175,7 +175,8 @@ def run_language(budget_name: str, out: Path, jobs: int = 1, threads: int | None
                 for m in asked}
 
     chosen = select_all(budget.grid, list(budget.models), trials, True)
-    chosen = rescue(chosen, rescue_rates(chosen, lambda bits: bits >= chance), trials, True)
+    chosen = rescue(chosen, rescue_rates(chosen, lambda bits: bits >= chance), trials,
+                    budget.grid, True)
     lrs = {m: c["lr"] for m, c in chosen.items()}
 
     def seeds(counts: dict[str, int]) -> dict[str, dict[str, Any]]:

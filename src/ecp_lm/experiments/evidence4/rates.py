@@ -78,23 +78,30 @@ def select_rates(grid: Grid, trial: Callable[[list[float]], dict[float, float]],
 
 def select_all(grid: Grid, models: list[str],
                trials: Callable[[dict[str, list[float]]], dict[str, dict[float, float]]],
-               lower_is_better: bool) -> dict[str, dict[str, Any]]:
+               lower_is_better: bool, tried: dict[str, dict[float, float]] | None = None
+               ) -> dict[str, dict[str, Any]]:
     """``select_rates`` for several models at once: each round, ``trials({model: rates})`` runs
-    every model's next trials together (so that workers are not left idle between models)."""
-    scores: dict[str, dict[float, float]] = {m: {} for m in models}
-    asked = {m: list(grid.rates) for m in models}
-    while asked:
+    every model's next trials together (so that workers are not left idle between models).
+    ``tried``: scores a model already has, by rate (its grid's rates among them are not run
+    again)."""
+    scores = {m: dict((tried or {}).get(m, {})) for m in models}
+
+    def wanted(m: str) -> list[float]:
+        missing = [lr for lr in grid.rates if lr not in scores[m]]
+        return missing or next_rates(scores[m], grid, lower_is_better)
+
+    while asked := {m: rates for m in models if (rates := wanted(m))}:
         for m, found in trials(asked).items():
             scores[m].update(found)
-        asked = {m: extra for m in models
-                 if (extra := next_rates(scores[m], grid, lower_is_better))}
-    chosen = {}
-    for m in models:
-        best = best_rate(scores[m], lower_is_better)
-        tried = sorted(scores[m])
-        chosen[m] = {"lr": best, "trials": {rate_key(lr): scores[m][lr] for lr in tried},
-                     "inside": tried[0] < best < tried[-1]}
-    return chosen
+    return {m: choice(scores[m], lower_is_better) for m in models}
+
+
+def choice(scores: dict[float, float], lower_is_better: bool) -> dict[str, Any]:
+    """The best rate of ``scores``, every trial by rate, and whether the best is inside."""
+    best = best_rate(scores, lower_is_better)
+    tried = sorted(scores)
+    return {"lr": best, "trials": {rate_key(lr): scores[lr] for lr in tried},
+            "inside": tried[0] < best < tried[-1]}
 
 
 def rescue_rates(chosen: dict[str, dict[str, Any]], at_chance: Callable[[float], bool]
@@ -110,18 +117,15 @@ def rescue_rates(chosen: dict[str, dict[str, Any]], at_chance: Callable[[float],
 
 def rescue(chosen: dict[str, dict[str, Any]], rates: dict[str, list[float]],
            trials: Callable[[dict[str, list[float]]], dict[str, dict[float, float]]],
-           lower_is_better: bool) -> dict[str, dict[str, Any]]:
-    """``chosen`` after the trials ``rescue_rates`` asks for (all models' together): each
-    rescued model's rate is the best of all it tried, ``rescued_at`` the rates added."""
+           grid: Grid, lower_is_better: bool) -> dict[str, dict[str, Any]]:
+    """``chosen`` after the trials ``rescue_rates`` asks for (all models' together), each
+    rescued model's grid then extended past an edge as before (``select_all``): its rate is
+    the best of all it tried, ``rescued_at`` the learners' rates it was given."""
     asked = {m: extra for m, extra in rates.items() if extra}
     if not asked:
         return chosen
-    out = dict(chosen)
+    tried = {m: {float(k): v for k, v in chosen[m]["trials"].items()} for m in asked}
     for m, found in trials(asked).items():
-        scores = {float(k): v for k, v in chosen[m]["trials"].items()} | found
-        best = best_rate(scores, lower_is_better)
-        tried = sorted(scores)
-        out[m] = {**chosen[m], "lr": best, "rescued_at": asked[m],
-                  "trials": {rate_key(lr): scores[lr] for lr in tried},
-                  "inside": tried[0] < best < tried[-1]}
-    return out
+        tried[m].update(found)
+    again = select_all(grid, list(asked), trials, lower_is_better, tried)
+    return {**chosen, **{m: {**again[m], "rescued_at": asked[m]} for m in asked}}

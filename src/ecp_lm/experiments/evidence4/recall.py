@@ -134,7 +134,7 @@ def run_recall(budget_name: str, out: Path, jobs: int = 1, threads: int | None =
 
     chosen = select_all(budget.grid, list(budget.models), trials, False)
     missed = rescue_rates(chosen, lambda acc: acc <= level + CHANCE_MARGIN)
-    chosen = rescue(chosen, missed, trials, False)
+    chosen = rescue(chosen, missed, trials, budget.grid, False)
     lrs = {m: c["lr"] for m, c in chosen.items()}
 
     def seeds(counts: dict[str, int]) -> dict[str, dict[str, Any]]:

@@ -83,15 +83,16 @@ def context_comparisons(language: dict[str, Any]) -> tuple[list[dict[str, Any]],
 
 def extrapolate(points: dict[str, dict[str, Any]], threshold: float) -> dict[str, Any] | None:
     """Where the transformer's mean gain, taken as linear in log(steps) through the first and
-    last points, would pass ``threshold``: a named extrapolation, not a measurement. None where
-    it did not grow."""
+    last points, would pass ``threshold``: a named extrapolation, not a measurement. ``grows``
+    is false where it did not grow, or is not yet positive at the last point; None for one
+    point."""
     steps = sorted(map(int, points))
     if len(steps) < 2:
         return None
     first, last = (statistics.fmean(points[str(p)]["transformer"].values())
                    for p in (steps[0], steps[-1]))
     slope = (last - first) / (math.log(steps[-1]) - math.log(steps[0]))
-    if slope <= 0:
+    if slope <= 0 or last <= 0:  # no growth, or none yet of a gain: nothing to extend
         return {"grows": False, "first": first, "last": last}
     log_at = math.log(steps[-1]) + (threshold - last) / slope
     return {"grows": True, "first": first, "last": last,
@@ -111,6 +112,19 @@ def rate_problems(stages: dict[str, dict[str, Any]]) -> dict[tuple[str, str], st
                 problems[stage, m] = (f"{m}'s rate {r['lr']:g} is at the edge of the "
                                       f"{len(r['trials'])} it tried")
     return problems
+
+
+def at_chance(stages: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """By stage, the models whose chosen rate's trial is at chance (recall: within the margin
+    of 1 / the number of values; language: no lower than the bytes' unigram entropy): after
+    the learners' rates were tried too, as ``rates.rescue_rates`` asks."""
+    out = {}
+    for stage, s in stages.items():
+        scores = {name: m["trials"][f"{m['lr']:g}"] for name, m in s["models"].items()}
+        out[stage] = [name for name, score in scores.items()
+                      if (score <= s["chance"] + s["chance_margin"] if stage == "recall"
+                          else score >= s["chance_bits"])]
+    return out
 
 
 def analyse(stages: dict[str, dict[str, Any]], alpha: float = ALPHA) -> dict[str, Any]:
@@ -136,7 +150,8 @@ def analyse(stages: dict[str, dict[str, Any]], alpha: float = ALPHA) -> dict[str
         out.append({**{k: v for k, v in row.items() if k != "values"}, **test,
                     "values": row["values"], "ahead": None if why else ahead,
                     "not_called_because": why})
-    return {"alpha": alpha, "family": len(out), "comparisons": out, "context": context}
+    return {"alpha": alpha, "family": len(out), "comparisons": out, "context": context,
+            "at_chance": at_chance(stages)}
 
 
 def effect(row: dict[str, Any]) -> str:
@@ -162,49 +177,72 @@ def call_text(row: dict[str, Any]) -> str:
 def where(row: dict[str, Any]) -> str:
     """Which measurement a comparison is: the language curve's point(s), recall's depth."""
     if row["stage"] == "recall":
-        return f"recall, L = {row['depth']}"
+        return f"recall L = {row['depth']}"
     points = row.get("points")
-    if points and points[0] != points[1]:
-        return f"language, ECP at {points[0]} steps, {row['b']} at {points[1]}"
-    return f"language, {row['name'].rsplit(' at ', 1)[-1]}"
+    if row["held"] == "equal training time":
+        return f"language, equal time (ECP {points[0]} steps, {row['b']} {points[1]})"
+    return f"language {row['name'].rsplit(' at ', 1)[-1]}"
 
 
-def verdict_rows(analysis: dict[str, Any]) -> list[dict[str, str]]:
+def verdict_rows(analysis: dict[str, Any]) -> list[dict[str, Any]]:
     """One row per question and measurement: the question's key, what is measured, the call,
     the effect with its corrected interval, the seeds and what is held equal."""
     rows = []
-    for key, _, others in QUESTIONS:
-        for c in analysis["comparisons"]:
-            if c["b"] in others and c["name"].split(":")[0] in ("language", "recall") \
-                    and c["a"] == "ecp" and not c["name"].startswith("context"):
-                rows.append({"question": key, "versus": c["b"], "where": where(c),
-                             "call": call_text(c), "effect": effect(c), "seeds": str(c["n"]),
-                             "held": c["held"], "level": f"{1 - c['alpha']:.4g}"})
     for c in analysis["comparisons"]:
-        if c["name"].startswith("context"):
-            rows.append({"question": CONTEXT[0], "versus": c["b"], "where": where(c),
-                         "call": call_text(c), "effect": effect(c), "seeds": str(c["n"]),
-                         "held": c["held"], "level": f"{1 - c['alpha']:.4g}"})
+        context = c["name"].startswith("context")
+        keys = [CONTEXT[0]] if context else [k for k, _, others in QUESTIONS
+                                              if c["b"] in others and c["a"] == "ecp"]
+        rows += [{"question": key, "versus": c["b"], "where": where(c), "stage": c["stage"],
+                  "call": call_text(c), "effect": effect(c), "seeds": str(c["n"]),
+                  "held": c["held"], "level": f"{1 - c['alpha']:.4g}",
+                  "ahead_in": ahead_in(c)} for key in keys]
     return rows
 
 
-def answer(key: str, rows: list[dict[str, str]]) -> str:
-    """The question's one-line answer from its rows."""
+def ahead_in(row: dict[str, Any]) -> str:
+    """In how many of the paired seeds ECP's own value is ahead of the other's: a count, not a
+    test (the call is the interval's)."""
+    a, b = row["values"]
+    seeds = [s for s in a if s in b]
+    sign = -1 if row["lower_is_better"] else 1
+    return f"{sum(sign * (a[s] - b[s]) > 0 for s in seeds)} of {len(seeds)}"
+
+
+def answer(key: str, rows: list[dict[str, Any]]) -> str:
+    """The question's one-line answer from its rows: yes (ECP ahead wherever a difference is
+    called), no (behind wherever one is), mixed, or not shown (none called), and where."""
     mine = [r for r in rows if r["question"] == key]
     if not mine:
         return "not measured at this budget"
-    ahead = [r for r in mine if r["call"] == "ECP ahead"]
-    behind = [r for r in mine if r["call"].endswith(" ahead") and r["call"] != "ECP ahead"]
-    if ahead and not behind:
-        return f"yes where called ({len(ahead)} of {len(mine)} measurements); " \
-               f"no difference called elsewhere"
-    if behind and not ahead:
-        return f"no: behind in {len(behind)} of {len(mine)} measurements, " \
-               f"no difference called elsewhere"
-    if ahead and behind:
-        return f"mixed: ahead in {len(ahead)}, behind in {len(behind)} of {len(mine)} " \
-               f"measurements"
-    return f"not shown: no difference called in any of {len(mine)} measurements"
+    groups = {"ahead on": [], "behind on": [], "no difference called on": [],
+              "not called (a rate at its grid's edge) on": [],
+              "not called (the model ahead trained longer) on": []}
+    for r in mine:
+        if r["call"] == "ECP ahead":
+            groups["ahead on"].append(r["where"])
+        elif r["call"].endswith(" ahead"):
+            groups["behind on"].append(r["where"])
+        elif "edge" in r["call"]:
+            groups["not called (a rate at its grid's edge) on"].append(r["where"])
+        elif "trained longer" in r["call"]:
+            groups["not called (the model ahead trained longer) on"].append(r["where"])
+        else:
+            groups["no difference called on"].append(r["where"])
+    ahead, behind = groups["ahead on"], groups["behind on"]
+    word = ("mixed" if ahead and behind else "yes" if ahead else "no" if behind
+            else "not shown")
+    return f"{word}: " + "; ".join(f"{label} {', '.join(where_)}"
+                                   for label, where_ in groups.items() if where_)
+
+
+def headline(key: str, rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """A question's headline measurement: the language curve's last point at equal tokens,
+    else recall at its largest depth."""
+    mine = [r for r in rows if r["question"] == key]
+    language = [r for r in mine if r["stage"] == "language" and "equal time" not in r["where"]]
+    if language:
+        return language[-1]
+    return mine[-1] if mine else None
 
 
 def context_answer(analysis: dict[str, Any], rows: list[dict[str, str]]) -> str:
@@ -217,35 +255,103 @@ def context_answer(analysis: dict[str, Any], rows: list[dict[str, str]]) -> str:
         text = (f"not measurable at this budget: the transformer's own gain "
                 f"({', '.join(f'{g:+.4f} at {p} steps' for p, g in gains.items())}) never "
                 f"clears {ctx['threshold_bits']} bits/byte in every seed")
-        ext = ctx["extrapolation"]
-        if ext and ext["grows"] and ext["steps"] is not None:
-            hours = ext["steps"] * ctx["transformer_step_s"] / 3600
-            text += (f"; growing as it did (linear in log steps), it would clear it near "
-                     f"{ext['steps']:,.0f} steps, about {hours:,.1f} hours of this CPU per "
-                     f"seed for the transformer alone (an extrapolation)")
-        elif ext and ext["grows"]:
-            text += f"; growing as it did, it would not clear it within {FAR:.0e} steps"
-        elif ext:
-            text += "; it did not grow between the points, so no budget can be named"
+        text += extrapolation_text(ctx)
+        if not (ctx["extrapolation"] or {}).get("grows"):
+            text += " (the Results page extrapolates Evidence III's longer runs instead)"
         return text
     return answer(CONTEXT[0], rows)
 
 
+def extrapolation_text(ctx: dict[str, Any]) -> str:
+    """What ``ctx["extrapolation"]`` says of the budget that would measure the context
+    question, in steps and in hours of the transformer's measured step time."""
+    ext = ctx["extrapolation"]
+    if ext and ext["grows"] and ext["steps"] is not None:
+        hours = ext["steps"] * ctx["transformer_step_s"] / 3600
+        return (f"; growing as it did (linear in log steps), it would clear it near "
+                f"{ext['steps']:,.0f} steps, about {hours:,.1f} hours of this CPU per seed "
+                f"for the transformer alone (an extrapolation)")
+    if ext and ext["grows"]:
+        return f"; growing as it did, it would not clear it within {FAR:.0e} steps"
+    if ext:
+        return ("; it is not a positive gain growing from point to point, so these points "
+                "name no budget that would measure it")
+    return ""
+
+
+def earlier_context(curve: Path) -> dict[str, Any]:
+    """Evidence III's curve (``evidence/curve/full``: N = 2,048, one rate per model, the
+    validation split both chose and scored) read for the context question: the transformer's
+    gain per point and seed, and where it extrapolates to. The longest run of the
+    transformer on this machine, so the best estimate of the budget the question needs."""
+    from ecp_lm.experiments.long_context.measure import SENSITIVE_BITS
+
+    points: dict[str, dict[str, Any]] = {}
+    for path in sorted((curve / "curve" / "transformer").glob("seed*/result.json")):
+        run = json.loads(path.read_text())
+        for p in run["points"]:
+            points.setdefault(str(p["steps"]), {"transformer": {}})["transformer"][
+                str(run["seed"])] = p["context_gain_bits"]
+    return {"points": points, "threshold_bits": SENSITIVE_BITS,
+            "extrapolation": extrapolate(points, SENSITIVE_BITS),
+            "transformer_step_s": json.loads((curve / "step_s.json").read_text())[
+                "transformer"]}
+
+
+def earlier_context_line(ctx: dict[str, Any]) -> str:
+    """The sentence the report gives ``earlier_context``."""
+    gains = ", ".join(f"{statistics.fmean(v['transformer'].values()):+.4f} at {p} steps"
+                      for p, v in sorted(ctx["points"].items(), key=lambda kv: int(kv[0])))
+    return (f"Evidence III's curve (N = 2,048, {len(ctx['points'])} points, one rate per "
+            f"model): the transformer's mean gain {gains}, below {ctx['threshold_bits']} "
+            f"bits/byte" + extrapolation_text(ctx) + ".")
+
+
 def answer_lines(analysis: dict[str, Any]) -> list[str]:
-    """The verdict table: each question and its one-line answer (what the README shows)."""
+    """The verdict table (what the README shows): each question, its one-line answer, and its
+    headline measurement's effect (ECP − other, + where ECP is ahead) with the corrected
+    interval, seeds and what it holds equal."""
     rows = verdict_rows(analysis)
-    return (["| question | answer |", "|---|---|"]
-            + [f"| {text} | {answer(key, rows)} |" for key, text, _ in QUESTIONS]
-            + [f"| {CONTEXT[1]} | {context_answer(analysis, rows)} |"])
+    lines = ["| question | answer | headline: ECP − other [interval] | seeds | held equal |",
+             "|---|---|---|---|---|"]
+    for key, text, _ in QUESTIONS:
+        top = headline(key, rows)
+        cells = ("-", "-", "-") if top is None else (
+            f"{top['where']}: {top['effect']}", top["seeds"], top["held"])
+        lines.append(f"| {text} | {answer(key, rows)} | " + " | ".join(cells) + " |")
+    top = headline(CONTEXT[0], rows)
+    cells = ("-", "-", "-") if top is None else (
+        f"{top['where']}: {top['effect']}", top["seeds"], top["held"])
+    lines.append(f"| {CONTEXT[1]} | {context_answer(analysis, rows)} | "
+                 + " | ".join(cells) + " |")
+    return lines
+
+
+def chance_lines(analysis: dict[str, Any], stages: dict[str, dict[str, Any]]) -> list[str]:
+    """A sentence per stage naming the models at chance at their chosen rate's trial."""
+    lines = []
+    for stage, models in analysis["at_chance"].items():
+        if not models:
+            continue
+        s = stages[stage]
+        where_ = (f"recall's trials (L = {s['select_depth']}, {s['select_steps']:,} steps)"
+                  if stage == "recall" else
+                  f"the language trials ({s['select_steps']:,} steps)")
+        lines.append(f"At chance in {where_} at every rate tried, the learners' rates among "
+                     f"them: {', '.join(models)}. Their seeds ran at the best of those rates, "
+                     "so their comparisons measure a model that may not have started to "
+                     "learn the task.")
+    return lines
 
 
 def comparison_lines(analysis: dict[str, Any]) -> list[str]:
-    """Every comparison behind the answers, with its call, effect, interval and seeds."""
-    return (["| question | versus | measurement | call | effect [interval] | seeds | "
-             "held equal | level |", "|---|---|---|---|---|---|---|---|"]
+    """Every comparison behind the answers: its call, effect, interval, seeds, and in how many
+    seeds ECP was ahead."""
+    return (["| question | versus | measurement | call | ECP − other [interval] | seeds | "
+             "ECP ahead in | held equal | level |", "|---|---|---|---|---|---|---|---|---|"]
             + [f"| {r['question']} | {r['versus']} | {r['where']} | {r['call']} | "
-               f"{r['effect']} | {r['seeds']} | {r['held']} | {r['level']} |"
-               for r in verdict_rows(analysis)])
+               f"{r['effect']} | {r['seeds']} | {r['ahead_in']} | {r['held']} | "
+               f"{r['level']} |" for r in verdict_rows(analysis)])
 
 
 def report_markdown(analysis: dict[str, Any], stages: dict[str, dict[str, Any]]) -> str:
@@ -254,7 +360,8 @@ def report_markdown(analysis: dict[str, Any], stages: dict[str, dict[str, Any]])
              f"{analysis['family']} paired comparisons, one Holm family at α = "
              f"{analysis['alpha']}. Effect: ECP − other, signed so that + is ECP ahead, with "
              "its Holm-corrected t interval over the seeds (level in the last column).", "",
-             *answer_lines(analysis), "", *comparison_lines(analysis)]
+             *answer_lines(analysis), "", *chance_lines(analysis, stages), "",
+             *comparison_lines(analysis)]
     return "\n".join(lines) + "\n"
 
 
@@ -284,4 +391,40 @@ def model_lines(stages: dict[str, dict[str, Any]]) -> list[str]:
                      f"{'-' if lang is None else format(lang['step_s'], '.3f')} | "
                      f"{rate_cell(lang)} | {rate_cell(rec)} | "
                      f"{'-' if rec is None else format(rec['params'], ',')} |")
+    return lines
+
+
+def dropout_gaps(evidence3: Path, other: str = "transformer") -> dict[str, Any]:
+    """Evidence III's implicit-dropout runs at dropout 0 (``evidence/dropout/full``) analysed as
+    this report analyses its own: per epoch, ECP's train−validation gap minus ``other``'s,
+    paired by seed, Holm-corrected over the epochs (a family of its own). The claim predicts a
+    smaller gap for ECP. Not re-measured: the runs are Evidence III's (one rate for every
+    model, validation the slice it reports)."""
+    def gaps(arch: str) -> dict[int, dict[int, float]]:
+        out: dict[int, dict[int, float]] = {}
+        for path in sorted((evidence3 / "runs" / arch / "dropout0").glob("seed*/result.json")):
+            run = json.loads(path.read_text())
+            for point in run["curve"]:
+                out.setdefault(int(point["epoch"]), {})[run["seed"]] = point["gap_bits"]
+        return out
+
+    ecp, rival = gaps("ecp"), gaps(other)
+    epochs = sorted(set(ecp) & set(rival))
+    tests = holm([Paired.from_seeds(f"epoch {e}", ecp[e], rival[e]) for e in epochs])
+    return {"other": other, "epochs": epochs, "tests": tests,
+            "larger": [e for e, t in zip(epochs, tests, strict=True)
+                       if t["called"] and t["mean"] > 0],
+            "smaller": [e for e, t in zip(epochs, tests, strict=True)
+                        if t["called"] and t["mean"] < 0]}
+
+
+def dropout_lines(gaps: dict[str, Any]) -> list[str]:
+    """The per-epoch table of ``dropout_gaps``."""
+    lines = [f"| epoch | ECP's gap − {gaps['other']}'s [interval], bits/byte | seeds | call |",
+             "|---|---|---|---|"]
+    for epoch, t in zip(gaps["epochs"], gaps["tests"], strict=True):
+        call = ("ECP's larger" if t["called"] and t["mean"] > 0 else
+                "ECP's smaller" if t["called"] else "no difference called")
+        lines.append(f"| {epoch} | {t['mean']:+.4f} [{t['low']:+.4f}, {t['high']:+.4f}] | "
+                     f"{t['n']} | {call} |")
     return lines
