@@ -42,10 +42,10 @@ def main(argv: list[str] | None = None) -> int:
         "language: the curve (rates on validation, report on test); recall: MQAR (rates on "
         "selection sequences, report on others); report: the verdict table from what has run; "
         "all: the three", BUDGETS,
-        "tiny: every code path in minutes (CI); small: a preview at reduced sizes, about 2.5 "
-        "hours on a 2-core CPU; full: the study's budgets, many hours, resumable across "
-        "sessions", "runs/evidence4", "stage folder (resumable); the repository's `evidence4` "
-        "folder keeps the results in git across checkouts")
+        "tiny: every code path in minutes (CI); small: a preview at reduced sizes, about 2.7 "
+        "hours on a 2-core CPU at --jobs 2; full: the study's budgets, many hours, resumable "
+        "across sessions", "runs/evidence4", "stage folder (resumable); the repository's "
+        "`evidence4` folder keeps the results in git across checkouts")
     args = parser.parse_args(argv)
     threads = pool_threads(parser, args)
     stages = STAGES if args.stage == "all" else (args.stage,)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from ecp_lm.experiments.evidence4.paired import ALPHA, Paired, holm
+from ecp_lm.experiments.evidence4.rates import rate_key
 
 QUESTIONS = (
     ("window", "Is ECP better than a sliding window of the same cost (entries)?",
@@ -120,7 +121,7 @@ def at_chance(stages: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
     the learners' rates were tried too, as ``rates.rescue_rates`` asks."""
     out = {}
     for stage, s in stages.items():
-        scores = {name: m["trials"][f"{m['lr']:g}"] for name, m in s["models"].items()}
+        scores = {name: m["trials"][rate_key(m["lr"])] for name, m in s["models"].items()}
         out[stage] = [name for name, score in scores.items()
                       if (score <= s["chance"] + s["chance_margin"] if stage == "recall"
                           else score >= s["chance_bits"])]
@@ -312,18 +313,15 @@ def answer_lines(analysis: dict[str, Any]) -> list[str]:
     headline measurement's effect (ECP − other, + where ECP is ahead) with the corrected
     interval, seeds and what it holds equal."""
     rows = verdict_rows(analysis)
+    answers = [(key, text, answer(key, rows)) for key, text, _ in QUESTIONS]
+    answers.append((*CONTEXT, context_answer(analysis, rows)))
     lines = ["| question | answer | headline: ECP − other [interval] | seeds | held equal |",
              "|---|---|---|---|---|"]
-    for key, text, _ in QUESTIONS:
+    for key, text, said in answers:
         top = headline(key, rows)
         cells = ("-", "-", "-") if top is None else (
             f"{top['where']}: {top['effect']}", top["seeds"], top["held"])
-        lines.append(f"| {text} | {answer(key, rows)} | " + " | ".join(cells) + " |")
-    top = headline(CONTEXT[0], rows)
-    cells = ("-", "-", "-") if top is None else (
-        f"{top['where']}: {top['effect']}", top["seeds"], top["held"])
-    lines.append(f"| {CONTEXT[1]} | {context_answer(analysis, rows)} | "
-                 + " | ".join(cells) + " |")
+        lines.append(f"| {text} | {said} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -411,11 +409,7 @@ def dropout_gaps(evidence3: Path, other: str = "transformer") -> dict[str, Any]:
     ecp, rival = gaps("ecp"), gaps(other)
     epochs = sorted(set(ecp) & set(rival))
     tests = holm([Paired.from_seeds(f"epoch {e}", ecp[e], rival[e]) for e in epochs])
-    return {"other": other, "epochs": epochs, "tests": tests,
-            "larger": [e for e, t in zip(epochs, tests, strict=True)
-                       if t["called"] and t["mean"] > 0],
-            "smaller": [e for e, t in zip(epochs, tests, strict=True)
-                        if t["called"] and t["mean"] < 0]}
+    return {"other": other, "epochs": epochs, "tests": tests}
 
 
 def dropout_lines(gaps: dict[str, Any]) -> list[str]:
