@@ -33,7 +33,8 @@ def test_ecp_forward_at_an_offset_is_one_graph():
     assert (found.graph_count, found.graph_break_count) == (1, 0)
 
 
-@pytest.mark.parametrize("arch", ["ecp", "sliding_window", "transformer", "perceiver_ar"])
+@pytest.mark.parametrize("arch", ["ecp", "sliding_window", "transformer", "perceiver_ar", "mamba2",
+                                  "gated_deltanet", "rwkv7"])
 def test_training_loss_is_one_graph(arch):
     """What train.compile compiles (the task's loss: forward and cross-entropy) is one graph."""
     from ecp_lm.model.loss import next_token_loss

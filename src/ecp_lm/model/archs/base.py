@@ -267,9 +267,10 @@ class Architecture:
         raise NotImplementedError
 
     # Kernels --------------------------------------------------------------------------------------
-    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
         """The order in which ``attn_impl="auto"`` tries this architecture's kernels for a call
-        with dropout ``dropout_p`` on a device of ``device_type``: ``kernels``."""
+        with dropout ``dropout_p`` and queries ``q`` (its device, and its dtype under the
+        autocast in force): ``kernels``."""
         return self.kernels
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:

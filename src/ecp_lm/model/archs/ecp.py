@@ -61,10 +61,10 @@ class ECP(SegmentedBand):
             return native.band_attention(q, k, v, self.band_rules()[0][1], dropout_p=dropout_p)
         return segment_pair_attention(q, k, v, self.segment_len, dropout_p, kernel)
 
-    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
         # Off the CPU, ``auto`` prefers the mask kernel to the lower-right flash path until a
         # GPU's measurements (benchmarks/gpu_check.py, ``kernels``) say which is faster.
-        return ("native", "mask", "flash") if device_type != "cpu" else self.kernels
+        return ("native", "mask", "flash") if q.device.type != "cpu" else self.kernels
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "flash" and q.device.type == "cpu" and dropout_p > 0.0:

@@ -30,6 +30,7 @@ from ecp_lm.model.archs.recurrent import (
     Recurrent,
     RecurrentMixer,
     ShortConv,
+    compute_dtype,
     heads_of,
     log_spaced,
     merge_heads,
@@ -111,7 +112,7 @@ class GatedDeltaNetMixer(RecurrentMixer):
              * F.softplus(wide(self.a_proj(u)) + wide(self.dt_bias))).transpose(1, 2)
         start = None if state is None else state["delta"]
         if kernel == "fla":
-            o, final = fla_gated_delta_rule(q, k, v, g, beta, start)
+            o, final = fla_gated_delta_rule(q, k, v, g, beta, start, compute_dtype(u))
         elif kernel == "chunked":
             o, final = delta_rule.gated_delta_rule_chunked(q, k, v, g, beta, self.chunk,
                                                            initial_state=start)
@@ -123,16 +124,21 @@ class GatedDeltaNetMixer(RecurrentMixer):
 
 
 def fla_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                         initial_state: Tensor | None) -> tuple[Tensor, Tensor]:
+                         initial_state: Tensor | None, dtype: torch.dtype
+                         ) -> tuple[Tensor, Tensor]:
     """The rule on flash-linear-attention's ``chunk_gated_delta_rule`` (CUDA; its layout is
-    (B, T, H, D), its state (B, H, K, V), this kernel's transposed)."""
+    (B, T, H, D), its state (B, H, K, V), this kernel's transposed). q, k, v and beta go in
+    ``dtype``, the run's compute dtype, as fla's own Gated DeltaNet layer passes them; the
+    log-gate g and the state in float32. The output comes back in v's dtype."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    def fla(x: Tensor) -> Tensor:
-        return x.transpose(1, 2).contiguous()
+    def fla(x: Tensor, to: torch.dtype) -> Tensor:
+        return x.transpose(1, 2).to(to).contiguous()
 
-    start = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-    o, final = chunk_gated_delta_rule(fla(q), fla(k), fla(v), fla(g), fla(beta),
+    start = (None if initial_state is None
+             else wide(initial_state.transpose(-1, -2)).contiguous())
+    o, final = chunk_gated_delta_rule(fla(q, dtype), fla(k, dtype), fla(v, dtype),
+                                      fla(g, torch.float32), fla(beta, dtype),
                                       scale=q.size(-1) ** -0.5, initial_state=start,
                                       output_final_state=True)
-    return o.transpose(1, 2), final.transpose(-1, -2)
+    return o.transpose(1, 2).to(v.dtype), wide(final.transpose(-1, -2))

@@ -96,10 +96,17 @@ class Hybrid(Architecture):
 
     @classmethod
     def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
+        """The defaults the layers' kinds agree on. A size whose default differs between kinds
+        (the recurrent mixers' ``chunk_size``: 64, rwkv7 32) stays unset here, so that each
+        kind's layers take their own, whatever the pattern's order; one the config sets is
+        every kind's."""
         merged: dict[str, Any] = {}
+        differ: set[str] = set()
         for name, kind in _kinds(cfg).items():
-            merged.update(kind.defaults(_layer_config(cfg, name)))
-        return merged
+            for key, value in kind.defaults(_layer_config(cfg, name)).items():
+                if merged.setdefault(key, value) != value:
+                    differ.add(key)
+        return {key: value for key, value in merged.items() if key not in differ}
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:

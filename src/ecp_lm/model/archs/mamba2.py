@@ -33,6 +33,7 @@ from ecp_lm.model.archs.recurrent import (
     Recurrent,
     RecurrentMixer,
     ShortConv,
+    compute_dtype,
     heads_of,
     log_spaced,
     merge_heads,
@@ -111,7 +112,7 @@ class Mamba2Mixer(RecurrentMixer):
         b, c = b.unsqueeze(1), c.unsqueeze(1)  # (B, 1, T, N): one group
         start = None if state is None else state["ssm"]
         if kernel == "fla":
-            y, final = fla_ssd(x, dt, a, b, c, self.D, start)
+            y, final = fla_ssd(x, dt, a, b, c, self.D, start, compute_dtype(u))
         elif kernel == "chunked":
             y, final = ssd.ssd_chunked(x, dt, a, b, c, self.D, self.chunk, start)
         else:
@@ -121,19 +122,22 @@ class Mamba2Mixer(RecurrentMixer):
 
 
 def fla_ssd(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor,
-            initial_state: Tensor | None) -> tuple[Tensor, Tensor]:
+            initial_state: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The SSD core on flash-linear-attention's ``chunk_simple_gla`` (CUDA): the scalar-gated
     linear attention with q = C, k = B, v = x·dt, g = A·dt per head and scale 1, whose state
-    (K = N, V = P) is SSD's transposed; plus D·x."""
+    (K = N, V = P) is SSD's transposed; plus D·x. q, k and v go in ``dtype``, the run's compute
+    dtype (fla's products take one dtype), the log-gate g and the state in float32; the
+    output comes back in x's dtype."""
     from fla.ops.simple_gla import chunk_simple_gla
 
     bt, h, t, _ = x.shape
-    q = c.expand(bt, h, t, c.size(-1)).transpose(1, 2)  # (B, T, H, N): fla's layout
-    k = b.expand(bt, h, t, b.size(-1)).transpose(1, 2)
-    v = (wide(x) * dt.unsqueeze(-1)).transpose(1, 2)  # (B, T, H, P)
-    g = (a[:, None] * dt).transpose(1, 2)  # (B, T, H)
-    start = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
+    q = c.expand(bt, h, t, c.size(-1)).transpose(1, 2).to(dtype)  # (B, T, H, N): fla's layout
+    k = b.expand(bt, h, t, b.size(-1)).transpose(1, 2).to(dtype)
+    v = (wide(x) * dt.unsqueeze(-1)).transpose(1, 2).to(dtype)  # (B, T, H, P)
+    g = wide(a[:, None] * dt).transpose(1, 2)  # (B, T, H)
+    start = None if initial_state is None else wide(initial_state.transpose(-1, -2))
     o, final = chunk_simple_gla(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
-                                scale=1.0, initial_state=start, output_final_state=True)
+                                scale=1.0, initial_state=None if start is None
+                                else start.contiguous(), output_final_state=True)
     y = wide(o.transpose(1, 2)) + wide(d)[:, None, None] * wide(x)
-    return y.to(x.dtype), final.transpose(-1, -2)
+    return y.to(x.dtype), wide(final.transpose(-1, -2))

@@ -14,7 +14,14 @@ reads its rows in order and carries a fixed-size state from each position to the
   from that state;
 - the kernels are the mixer's own: ``chunked`` (the chunkwise-parallel form in PyTorch, any
   device, forward and backward), ``reference`` (the token-by-token recurrence, the definition)
-  and, on CUDA where flash-linear-attention is installed, ``fla`` (its Triton kernels);
+  and, on CUDA where flash-linear-attention is installed, ``fla`` (its Triton kernels), which
+  ``auto`` takes for a call in bf16 or fp16 and never inside torch.compile (fla's entry points
+  disable the compiler);
+- the chunked kernel runs a layer in groups of ``GROUP_TOKENS`` rows, one after the other, each
+  from the state the one before left (``RecurrentMixer.mix_chunked``): its intermediates are
+  one group's, whatever the length; with autograd on, each group is recomputed in backward
+  from its input and its start state, so a layer keeps its input and output for backward,
+  not the kernel's intermediates;
 - context parallelism is refused: a shard would need the state of every shard before it.
 
 A mixer module has Attention's interface (``forward(x, rows, n_query, cache, ...)`` and
@@ -30,6 +37,7 @@ from typing import Any, ClassVar
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ecp_lm.model.archs.base import ArchConfig, Architecture
 from ecp_lm.model.archs.transformer import CausalMask
@@ -39,6 +47,11 @@ from ecp_lm.model.rows import Rows
 
 KERNELS = ("fla", "chunked")
 """A recurrent mixer's kernels besides ``reference``, in ``auto``'s order."""
+FLA_DEVICES = ("cuda",)
+"""The device types flash-linear-attention's kernels run on."""
+GROUP_TOKENS = 512
+"""Rows the chunked kernel takes at once (rounded down to whole chunks, at least one): a
+group's intermediates stay in the CPU's caches, and it is what backward recomputes at once."""
 
 
 def fla_installed() -> bool:
@@ -99,12 +112,17 @@ class Recurrent(Architecture):
     def layer_cost(self, layer: int) -> tuple[int, int]:
         return 0, 0  # no attention: no score entries in either convention
 
-    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
-        return self.kernels
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
+        # fla is written for 16-bit inputs: in float32 it is slower than its bf16 form by far,
+        # and RWKV-7's kernel warns that it is unsupported on some GPUs; there the chunked form
+        # computes in float32 throughout.
+        if compute_dtype(q) in (torch.bfloat16, torch.float16):
+            return self.kernels
+        return tuple(k for k in self.kernels if k != "fla")
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "fla":
-            if not q.is_cuda:
+            if q.device.type not in FLA_DEVICES:
                 return f"flash-linear-attention's kernels run on CUDA, not {q.device.type}"
             if not fla_installed():
                 return ("flash-linear-attention is not installed (pip install "
@@ -137,7 +155,9 @@ class ShortConv(nn.Module):
             tail = x.new_zeros(b, self.size - 1, c)
         full = torch.cat([tail.to(x.dtype), x], dim=1)  # (B, K - 1 + T, C)
         out = self.conv(full.transpose(1, 2)).transpose(1, 2)  # (B, T, C)
-        return out, full[:, full.size(1) - (self.size - 1):]
+        # A copy, not a view: the tail outlives the call (the next group's start), and a view
+        # would keep all of ``full`` alive with it.
+        return out, full[:, full.size(1) - (self.size - 1):].clone()
 
 
 class RecurrentMixer(nn.Module):
@@ -151,6 +171,7 @@ class RecurrentMixer(nn.Module):
     def __init__(self, cfg: ArchConfig, arch: Recurrent):
         super().__init__()
         self.arch, self.impl = arch, cfg.attn_impl
+        self.chunk = arch.cfg.chunk_size
 
     def state_shapes(self) -> dict[str, tuple[int, ...]]:
         """Each state tensor's shape for one batch row."""
@@ -175,11 +196,34 @@ class RecurrentMixer(nn.Module):
         """x (B, R, d) -> (B, n_query, d), the last n_query rows' outputs; with a cache, from
         its state (a filled one) and into it."""
         state = _read(cache) if cache is not None and cache.filled else None
-        y, new = self.mix(x, state, self.kernel(x))
+        kernel = self.kernel(x)
+        y, new = (self.mix_chunked(x, state) if kernel == "chunked"
+                  else self.mix(x, state, kernel))
         if cache is not None:
             _write(cache, new)
             cache.advance(x.size(1))
         return y[:, y.size(1) - n_query:]
+
+    def mix_chunked(self, x: Tensor, state: dict[str, Tensor] | None
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``mix`` on the chunked kernel, over groups of ``GROUP_TOKENS`` rows in turn, each
+        from the state the group before it left. With autograd on, each group is recomputed in
+        backward from its rows and its start state (``torch.utils.checkpoint``; a mixer draws
+        no random numbers), so that what the layer keeps for backward is its rows, its output
+        and one state per group, whatever the length."""
+        span = max(1, GROUP_TOKENS // self.chunk) * self.chunk
+        recompute = torch.is_grad_enabled()
+        outputs = []
+        # Split once: slicing a group out inside the loop would cost its backward a zero-filled
+        # gradient of all the rows per group.
+        for part in x.split(span, dim=1):
+            if recompute:
+                y, state = checkpoint(self.mix, part, state, "chunked", use_reentrant=False,
+                                      preserve_rng_state=False)
+            else:
+                y, state = self.mix(part, state, "chunked")
+            outputs.append(y)
+        return (outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=1)), state
 
     def decode(self, x: Tensor, pos: Tensor, cache: StateCache, span: int | None = None,
                rotation: object = None) -> Tensor:
@@ -221,6 +265,15 @@ class GatedRMSNorm(nn.Module):
         if not self.gate_first:
             out = out * F.silu(z)
         return out.to(dtype)
+
+
+def compute_dtype(x: Tensor) -> torch.dtype:
+    """The dtype a call on ``x`` computes in: autocast's where it is on for x's device, else
+    x's own."""
+    kind = x.device.type
+    if torch.amp.is_autocast_available(kind) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return x.dtype
 
 
 def wide(x: Tensor) -> Tensor:

@@ -34,7 +34,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ecp_lm.model.archs.base import ArchConfig
-from ecp_lm.model.archs.recurrent import Recurrent, RecurrentMixer, heads_of, merge_heads, wide
+from ecp_lm.model.archs.recurrent import (
+    Recurrent,
+    RecurrentMixer,
+    compute_dtype,
+    heads_of,
+    merge_heads,
+    wide,
+)
 from ecp_lm.model.kernels import dplr
 
 MIXES = ("r", "w", "k", "v", "a", "g")
@@ -120,7 +127,7 @@ class RWKV7Mixer(RecurrentMixer):
         start = None if state is None else state["wkv"]
         args = (r, log_w, k, v, -kk, kk * alpha)
         if kernel == "fla":
-            o, final = fla_rwkv7(*args, start)
+            o, final = fla_rwkv7(*args, start, compute_dtype(u))
         elif kernel == "chunked":
             o, final = dplr.dplr_chunked(*args, self.chunk, start, decay_bound=DECAY_BOUND)
         else:
@@ -151,18 +158,20 @@ class LowRank(nn.Module):
 
 
 def fla_rwkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tensor,
-              initial_state: Tensor | None) -> tuple[Tensor, Tensor]:
+              initial_state: Tensor | None, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
     """The rule on flash-linear-attention's ``chunk_rwkv7`` (CUDA; its layout is (B, T, H, D),
     its state (B, H, K, V), this kernel's transposed). Its ``w`` is the log-decay itself
     (passed on as the generalised rule's ``gk``), by keyword: the argument order changed
-    between releases."""
+    between releases. r, k, v, a and b go in ``dtype``, the run's compute dtype; the log-decay
+    and the state in float32. The output comes back in v's dtype."""
     from fla.ops.rwkv7 import chunk_rwkv7
 
-    def fla(x: Tensor) -> Tensor:
-        return x.transpose(1, 2).contiguous()
+    def fla(x: Tensor, to: torch.dtype) -> Tensor:
+        return x.transpose(1, 2).to(to).contiguous()
 
-    start = None if initial_state is None else initial_state.transpose(-1, -2).contiguous()
-    o, final = chunk_rwkv7(r=fla(r), k=fla(k), v=fla(v), a=fla(a), b=fla(b),
-                           w=fla(log_w), scale=1.0, initial_state=start,
-                           output_final_state=True)
-    return o.transpose(1, 2), final.transpose(-1, -2)
+    start = (None if initial_state is None
+             else wide(initial_state.transpose(-1, -2)).contiguous())
+    o, final = chunk_rwkv7(r=fla(r, dtype), k=fla(k, dtype), v=fla(v, dtype), a=fla(a, dtype),
+                           b=fla(b, dtype), w=fla(log_w, torch.float32), scale=1.0,
+                           initial_state=start, output_final_state=True)
+    return o.transpose(1, 2).to(v.dtype), wide(final.transpose(-1, -2))

@@ -41,7 +41,7 @@ class Transformer(Architecture):
         n = self.cfg.seq_len
         return triangle(n), n * n
 
-    def auto_kernels(self, dropout_p: float, device_type: str) -> tuple[str, ...]:
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
         # With dropout, CPU SDPA leaves its fused kernels for its math path and draws a bernoulli
         # mask over every score; the band kernel over the whole causal band is faster there.
         return ("native", "flash") if dropout_p > 0.0 else self.kernels

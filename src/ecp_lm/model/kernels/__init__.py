@@ -13,6 +13,7 @@ one that runs a call.
 - ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
   sdpa.py.
 - ``auto``: the fastest of the architecture's kernels that can run the call.
+- ``fla`` and ``chunked``: a recurrent mixer's (archs/recurrent.py).
 
 An architecture lists its own fast kernels (``Architecture.kernels``) and runs them
 (``Architecture.attend``); ``reference`` and ``flex`` need only its predicate. An explicit choice
@@ -42,7 +43,7 @@ def choose_kernel(arch: Architecture, impl: str, q: Tensor, dropout_p: float,
     if impl == "auto":
         if q.is_cuda and arch.flex_on_cuda and dropout_p == 0.0:
             return "flex"
-        for kernel in arch.auto_kernels(dropout_p, q.device.type):
+        for kernel in arch.auto_kernels(dropout_p, q):
             if kernel_problem(arch, kernel, q, dropout_p, needs_backward, compiling) is None:
                 return kernel
         return "reference"
@@ -67,6 +68,11 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
         return None
     if kernel not in arch.kernels:
         return f"arch={arch.cfg.arch!r} has no {kernel!r} kernel"
+    if kernel == "fla" and (torch.compiler.is_compiling() if compiling is None else compiling):
+        return ("flash-linear-attention's kernels cannot be compiled into one graph (they "
+                "disable torch.compile at their entry points): compile with attn_impl=chunked "
+                "or auto (which takes the chunked kernel there), or run fla uncompiled "
+                "(train.compile=false; ecp bench without --compile)")
     if kernel == "native":
         if q.device.type != "cpu":
             return f"the native kernel runs on CPU, not {q.device.type}"

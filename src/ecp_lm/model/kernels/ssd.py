@@ -117,15 +117,16 @@ def _segment_sums(log_decay: Tensor) -> Tensor:
 def ssd_chunked(x: Tensor, dt: Tensor, A: Tensor, B: Tensor, C: Tensor,
                 D: Tensor | None = None, chunk_size: int = 64,
                 initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """The chunked form, same arguments and results as ``ssd_recurrent``; any seq_len (the last
-    chunk is padded with dt = 0, which leaves the state unchanged), differentiable by autograd."""
+    """The chunked form, same arguments and results as ``ssd_recurrent``; any seq_len (chunks of
+    ``chunk_size``, or one of seq_len where that is shorter; the last chunk is padded with
+    dt = 0, which leaves the state unchanged), differentiable by autograd."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size={chunk_size} must be positive")
     g, r = _check(x, dt, A, B, C, D, initial_state)
     bt, h, t, p = x.shape
     n = B.shape[3]
     work = _work_dtype(x)
-    size = chunk_size
+    size = max(1, min(chunk_size, t))  # a short input is one chunk of its own length
     pad = -t % size
     nc = (t + pad) // size
     # (Bt, G, R, nc, L, ...) for per-head tensors, (Bt, G, nc, L, N) for B and C

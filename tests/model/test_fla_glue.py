@@ -1,0 +1,179 @@
+"""What the recurrent mixers hand flash-linear-attention, checked on the CPU through a stand-in
+(tests/fla_stand_in: fla's three entry points with its signatures, layouts and dtype demands,
+each computing its recurrence token by token in float64 from fla's own definition).
+
+- the model on the stand-in computes what it computes on the chunked kernel, forward and
+  backward, from a fresh state and from a filled one (layouts, state transposes, scales and the
+  meaning of each argument);
+- q, k, v (RWKV-7's r, k, v, a, b; Gated DeltaNet's beta too) arrive in the run's compute dtype,
+  bf16 under bf16 autocast and float32 without, the log-gates and the state in float32, in every
+  mixer and in a hybrid of all three;
+- ``auto`` takes fla for 16-bit compute only, and never where torch.compile traces; an explicit
+  ``fla`` with ``train.compile`` is refused before anything is traced, and a compiled step with
+  ``auto`` (``ecp bench --compile`` too) runs the chunked kernel.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from ecp_lm.model.archs import recurrent
+from helpers import RECURRENT, random_tokens, sharp_model
+
+STAND_IN = Path(__file__).resolve().parents[1] / "fla_stand_in"
+GATES = {"chunk_simple_gla": ("g",), "chunk_gated_delta_rule": ("g",),
+         "chunk_rwkv7": ("w",)}
+"""Each entry point's log-decays, which go in float32."""
+PRODUCTS = {"chunk_simple_gla": ("q", "k", "v"), "chunk_gated_delta_rule": ("q", "k", "v", "beta"),
+            "chunk_rwkv7": ("r", "k", "v", "a", "b")}
+"""Each entry point's inputs that go in the run's compute dtype."""
+ENTRY = {"mamba2": "chunk_simple_gla", "gated_deltanet": "chunk_gated_delta_rule",
+         "rwkv7": "chunk_rwkv7"}
+
+
+def _drop_fla_modules() -> None:
+    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def fla(monkeypatch):
+    """The stand-in installed, on the CPU: its ``CALLS`` list, emptied."""
+    _drop_fla_modules()
+    monkeypatch.syspath_prepend(str(STAND_IN))
+    importlib.invalidate_caches()
+    monkeypatch.setattr(recurrent, "FLA_DEVICES", ("cuda", "cpu"))
+    module = importlib.import_module("fla")
+    assert recurrent.fla_installed() and module.__version__ == "0.0.stand-in"
+    module.CALLS.clear()
+    yield module.CALLS
+    _drop_fla_modules()
+
+
+def _dtypes(call: dict) -> dict[str, torch.dtype | None]:
+    return {name: None if arg is None else arg[0] for name, arg in call["args"].items()}
+
+
+def _assert_contract(calls: list[dict], compute: torch.dtype, names: set[str]) -> None:
+    """Every call's products in ``compute``, its log-decays and any initial state in float32."""
+    assert {c["name"] for c in calls} == names, calls
+    for call in calls:
+        dtypes = _dtypes(call)
+        for arg in PRODUCTS[call["name"]]:
+            assert dtypes[arg] == compute, (call["name"], arg, dtypes)
+        for arg in GATES[call["name"]]:
+            assert dtypes[arg] == torch.float32, (call["name"], arg, dtypes)
+        assert dtypes["initial_state"] in (None, torch.float32), (call["name"], dtypes)
+
+
+def _pair(arch: str, **overrides):
+    """The same model on fla (explicit) and on the chunked kernel, in training mode."""
+    fast = sharp_model(arch, attn_impl="fla", **overrides).train()
+    chunked = sharp_model(arch, attn_impl="chunked", **overrides).train()
+    chunked.load_state_dict(fast.state_dict())
+    return fast, chunked
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_fla_computes_what_the_chunked_kernel_does(fla, arch):
+    fast, chunked = _pair(arch)
+    tokens = random_tokens(2, 21, seed=3)
+    torch.testing.assert_close(fast(tokens), chunked(tokens), atol=2e-5, rtol=2e-5)
+    fast.loss(tokens).backward()
+    chunked.loss(tokens).backward()
+    for (name, a), b in zip(fast.named_parameters(), chunked.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=2e-5, rtol=2e-4, msg=name)
+    _assert_contract(fla, torch.float32, {ENTRY[arch]})
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_a_chunk_into_a_filled_state_reads_the_state_fla_wrote(fla, arch):
+    """A prefill, then a chunk of 7 from that state: the state goes to fla transposed and in
+    float32, and comes back as the chunked kernel's."""
+    fast, chunked = (m.eval() for m in _pair(arch))
+    tokens = random_tokens(1, 19, seed=5)
+    outs = []
+    with torch.no_grad():
+        for model in (fast, chunked):
+            caches = model.make_caches(1)
+            model.prefill(tokens[:, :12], caches)
+            outs.append(model.hidden_states(tokens[:, 12:], caches, 12))
+    torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=2e-5)
+    assert any(c["args"]["initial_state"] is not None for c in fla)
+    _assert_contract(fla, torch.float32, {ENTRY[arch]})
+
+
+@pytest.mark.parametrize("pattern", [*RECURRENT, "mamba2,gated_deltanet,rwkv7,transformer"])
+def test_under_bf16_autocast_auto_hands_fla_bf16_products_and_float32_gates(fla, pattern):
+    """A bf16 training step with ``auto``: every fla call gets its products in bf16 (one dtype,
+    as fla's kernels need), its log-decays and state in float32; the step's loss is finite and
+    every parameter gets a gradient."""
+    arch, layers = (pattern, {}) if "," not in pattern else (
+        "hybrid", {"layer_pattern": pattern, "n_layers": 4})
+    model = sharp_model(arch, **layers).train()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.loss(random_tokens(2, 17, seed=1))
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(p.grad is not None for p in model.parameters())
+    names = {ENTRY[a] for a in RECURRENT if a in pattern.split(",")}
+    _assert_contract(fla, torch.bfloat16, names)
+
+
+def test_auto_leaves_fla_to_16_bit_compute(fla):
+    """In float32, auto runs the chunked kernel (fla's float32 path is its slow one); under
+    bf16 autocast it runs fla."""
+    model = sharp_model("mamba2")
+    tokens = random_tokens(1, 9)
+    with torch.no_grad():
+        model(tokens)
+        assert fla == []
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(tokens)
+    assert [c["name"] for c in fla] == ["chunk_simple_gla"] * 2  # one per layer
+
+
+def test_train_compile_with_fla_is_refused_before_tracing(fla, tmp_path):
+    """attn_impl=fla with train.compile: one line naming the kernel and the option, before
+    torch.compile traces anything (fla disables the compiler at its entry points, which a
+    one-graph step cannot hold)."""
+    from torch._dynamo.utils import counters
+
+    from ecp_lm.training.loop import train
+    from helpers import tiny_run_config
+
+    cfg = tiny_run_config(tmp_path, "gated_deltanet", steps=2, compile=True,
+                          overrides=["model.attn_impl=fla"])
+    torch._dynamo.reset()
+    frames = counters["frames"]["total"]
+    with pytest.raises(ValueError) as err:
+        train(cfg, tmp_path / "run", progress=False)
+    message = str(err.value)
+    assert "attn_impl='fla' cannot run this call" in message and "train.compile" in message
+    assert "\n" not in message
+    assert counters["frames"]["total"] == frames
+    assert fla == []
+
+
+def test_a_compiled_step_with_auto_runs_the_chunked_kernel(fla):
+    """``ecp bench --compile`` (and train.compile) with auto where fla is installed: one
+    compiled bf16 training step of a hybrid of the three mixers, on the chunked kernel; fla is
+    never called."""
+    from ecp_lm.bench.core import BenchSpec
+    from ecp_lm.bench.training import run_case
+
+    spec = BenchSpec(d_model=32, n_layers=3, n_heads=2, segment_len=16, warmup=0, repeats=1,
+                     compile=True, precision="bf16", attention_share=False)
+    torch._dynamo.reset()
+    try:
+        row = run_case("hybrid(mamba2,gated_deltanet,rwkv7)", 64, spec)
+    finally:
+        torch._dynamo.reset()
+    assert row["compiled"] and row["step_s"] > 0
+    assert set(row["kernel"].split(",")) == {f"{a}:chunked" for a in RECURRENT}
+    assert fla == []
