@@ -114,9 +114,9 @@ def test_a_cli_run_scores_and_samples_the_same_through_the_api(runs, capsys):
 def test_an_api_run_is_read_by_the_cli_with_the_same_numbers(runs, capsys):
     tmp, run = runs
     assert run.path == tmp / "api" and (tmp / "api" / "config.yaml").is_file()
-    report = run.evaluate(max_tokens=400)
-    assert report["split"] == "test" and report == cli_eval(
-        capsys, tmp / "api", "--split", "test", "--max-tokens", "400")
+    report = run.evaluate(max_tokens=400)  # ecp eval's defaults: the valid split
+    assert report["split"] == "valid" and report == cli_eval(
+        capsys, tmp / "api", "--max-tokens", "400")
     assert {"loss", "ppl_token", "bits_per_byte", "ppl_word"} <= set(report)
     assert run.generate("the", max_new_tokens=15, temperature=0) == cli_generate(
         capsys, tmp / "api", "the", "--max-new-tokens", "15", "--temperature", "0")
@@ -224,3 +224,61 @@ def test_bad_evaluation_inputs(runs):
 def test_the_package_exports_the_api():
     assert {"prepare", "train", "load", "Run"} <= set(ecp_lm.__all__)
     assert ecp_lm.train is ecp_lm.api.train and ecp_lm.Run is ecp_lm.api.Run
+
+
+def test_evaluate_takes_ecp_evals_defaults():
+    """Every option ``Run.evaluate`` shares with ``ecp eval`` has the command's default (the
+    device aside: the Run's own, cpu unless ``load`` was told otherwise)."""
+    import argparse
+    import inspect
+
+    from ecp_lm.cli.evaluate import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    cli = vars(parser.parse_args(["--ckpt", "x"]))
+    api = {name: p.default for name, p in inspect.signature(ecp_lm.Run.evaluate).parameters.items()
+           if name != "self"}
+    shared = set(api) & set(cli) - {"device", "quiet", "per_position"}
+    assert {"split", "stride", "seq_len", "batch_size", "max_tokens", "precision", "data_path",
+            "stream", "chunk_len"} <= shared
+    assert {name: api[name] for name in shared} == {name: cli[name] for name in shared}
+    assert cli["per_position"] is None and api["per_position"] is False  # the flag, unset
+    assert inspect.signature(ecp_lm.load).parameters["device"].default == cli["device"]
+
+
+TRAIN_RANKS = """
+import json, os, sys
+import torch.distributed as dist
+import ecp_lm
+
+ours = sys.argv[1] == "ours"
+if ours:
+    dist.init_process_group("gloo")
+run = ecp_lm.train(sys.argv[2], out=sys.argv[3], quiet=True)
+report = {"run": None if run is None else run.step, "group": dist.is_initialized()}
+if ours:
+    dist.barrier()  # the caller's group still works
+    dist.destroy_process_group()
+with open(f"{sys.argv[3]}-rank{os.environ['RANK']}.json", "w") as f:
+    json.dump(report, f)
+"""
+
+
+def test_train_under_torchrun_returns_the_run_on_rank_0_and_keeps_the_callers_group(tmp_path):
+    """Two gloo ranks under torchrun: rank 0 gets the Run, rank 1 None; a process group the
+    script started is still up after the call (and usable), one ``train`` started is gone."""
+    script = tmp_path / "train_ranks.py"
+    script.write_text(TRAIN_RANKS)
+    tiny_run_config(tmp_path, steps=2).to_yaml(tmp_path / "run.yaml")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    for whose in ("ours", "its"):
+        out = tmp_path / whose
+        done = subprocess.run(
+            [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+             "2", str(script), whose, str(tmp_path / "run.yaml"), str(out)],
+            cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        ranks = [json.loads((tmp_path / f"{whose}-rank{r}.json").read_text()) for r in (0, 1)]
+        assert [r["run"] for r in ranks] == [2, None], whose
+        assert [r["group"] for r in ranks] == [whose == "ours"] * 2, whose

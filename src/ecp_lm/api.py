@@ -61,9 +61,15 @@ def prepare(source: str, *, path: PathLike | Sequence[PathLike] | None = None,
 
 def train(config: str | PathLike | RunConfig | None = None, *, out: PathLike,
           resume: bool = False, force: bool = False, quiet: bool = True,
-          stop_at: int | None = None, overrides: Sequence[str] = (), **fields: Any) -> Run:
+          stop_at: int | None = None, overrides: Sequence[str] = (),
+          **fields: Any) -> Run | None:
     """Train as ``ecp train --config CONFIG --out OUT`` does, into the same run folder, and
     return the ``Run`` that ``load(out)`` gives (the checkpoint ``ecp eval --ckpt OUT`` scores).
+
+    Under ``torchrun`` every rank calls it: rank 0 returns the ``Run``, the other ranks None
+    (``ecp train`` reports on rank 0 only). A process group the caller started before the call
+    is the one the ranks train in, and is left as it was; one ``train`` started itself is
+    destroyed before it returns.
 
     ``config``: a run preset (tiny, demo, paper), a YAML file or a ``RunConfig``; None is the
     tiny preset, or with ``resume`` the run's own ``OUT/config.yaml``. ``overrides`` are the
@@ -80,11 +86,14 @@ def train(config: str | PathLike | RunConfig | None = None, *, out: PathLike,
 
     cfg = run_config(config, overrides, fields, out=out, resume=resume)
     resolve_device(cfg.train.device, "train.device")
+    callers = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         train_loop(cfg, out, resume=resume, progress=not quiet, stop_at=stop_at, force=force)
     finally:
-        if torch.distributed.is_initialized():
+        if not callers and torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
+    if int(os.environ.get("RANK", "0")) != 0:
+        return None
     return load(out)
 
 
@@ -275,14 +284,15 @@ class Run:
             write(rest)
         return times
 
-    def evaluate(self, split: str = "test", *, stride: int | None = None,
+    def evaluate(self, split: str = "valid", *, stride: int | None = None,
                  seq_len: int | None = None, batch_size: int = 16,
                  max_tokens: int | None = None, device: str | None = None,
                  precision: str | None = None, data_path: PathLike | None = None,
                  stream: bool = False, chunk_len: int | None = None,
                  per_position: bool = False, quiet: bool = True) -> dict[str, Any]:
         """The report ``ecp eval --ckpt CHECKPOINT --split SPLIT --json`` prints for the same
-        options: ``loss`` (nats per token), ``ppl_token``, ``bits_per_byte``, ``ppl_word`` (and
+        options, with the same defaults (``valid``: select models on valid, report ``test``):
+        ``loss`` (nats per token), ``ppl_token``, ``bits_per_byte``, ``ppl_word`` (and
         ``ppl_word_eos``) for a language model, ``accuracy`` for a pixel classifier, with the
         counts they are computed from. It scores the checkpoint on disk (``checkpoint``), on
         the Run's device unless ``device`` is given. ``stream`` and ``per_position`` are
