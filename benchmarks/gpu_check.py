@@ -26,8 +26,11 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
 - ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7) at the paper
   width, forward and backward under bf16 autocast, batch 1, at T = 2k, 8k, 32k, with its chunked
   PyTorch form and with flash-linear-attention's kernels (``fla``, where installed): the time of
-  each, and the largest difference of fla's output from the chunked form's, relative to the
-  output's largest magnitude.
+  each, the largest difference of fla's output from the chunked form's, relative to the
+  output's largest magnitude, and the faster of the two beside the one ``auto`` picks
+  (``fastest``); then one training step of each mixer (paper width, 2 layers, T = 2k, bf16)
+  eager with ``auto`` and compiled (``train.compile``, where fla cannot run: the chunked
+  kernel), tokens/s of each (``steps``).
 
 ``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
 runs it so); ``--budget S`` skips what would start after S seconds.
@@ -42,6 +45,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from dataclasses import replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -59,6 +63,7 @@ NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e
 """Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets (SXM parts)."""
 
 TRAIN_ARCHS = ("ecp", "sliding_window", "transformer")
+MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7")
 LOCAL = ("ecp", "sliding_window")
 
 
@@ -66,11 +71,11 @@ def sizes(quick: bool) -> dict[str, Any]:
     if quick:
         return {"spec": dict(d_model=32, n_layers=2, n_heads=2, segment_len=16),
                 "train_lens": (64, 128), "local_lens": (256,), "mask_lens": (256, 1024),
-                "decode_window": 128, "kernel_lens": (256,)}
+                "decode_window": 128, "kernel_lens": (256,), "step_mixers": ("mamba2",)}
     return {"spec": dict(d_model=768, n_layers=12, n_heads=6, segment_len=256),
             "train_lens": (2048, 8192, 32768), "local_lens": (65536,),
             "mask_lens": (4096, 16384, 65536), "decode_window": 4096,
-            "kernel_lens": (2048, 8192, 32768)}
+            "kernel_lens": (2048, 8192, 32768), "step_mixers": MIXER_ARCHS}
 
 
 def device_section(device: torch.device) -> dict[str, Any]:
@@ -209,18 +214,15 @@ def _short(err: BaseException) -> str:
     return f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"
 
 
-MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7")
-
-
 def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[], float]
-                   ) -> list[dict[str, Any]]:
+                   ) -> dict[str, Any]:
     from ecp_lm.config import ModelConfig
     from ecp_lm.model.archs import architecture
-    from ecp_lm.model.kernels import kernel_problem
+    from ecp_lm.model.kernels import choose_kernel, kernel_problem
 
     spec = size["spec"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    rows = []
+    rows, fastest = [], {}
     for seq_len in size["kernel_lens"]:
         for name in MIXER_ARCHS:
             if left() <= 0:
@@ -232,36 +234,76 @@ def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[]
             torch.manual_seed(0)
             mixer = arch.mixer(arch.cfg, 0).to(device)
             x = torch.randn(1, seq_len, cfg.d_model, device=device, requires_grad=True)
-            outputs = {}
+            outputs, timed = {}, {}
+
+            def autocast() -> Any:
+                return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+
             for kernel in ("chunked", "fla"):
                 case = {"arch": name, "seq_len": seq_len, "kernel": kernel}
-                problem = kernel_problem(arch, kernel, x, 0.0, True)
+                with autocast():
+                    problem = kernel_problem(arch, kernel, x, 0.0, True)
                 if problem is not None:
                     rows.append({**case, "skipped": problem})
                     continue
 
                 def call(kernel: str = kernel, mixer: torch.nn.Module = mixer,
                          x: torch.Tensor = x) -> torch.Tensor:
-                    with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+                    with autocast():  # the kernel's own path, in groups where it has them
+                        if kernel == "chunked":
+                            return mixer.mix_chunked(x, None)[0].float()
                         return mixer.mix(x, None, kernel)[0].float()
 
                 try:
-                    seconds = _time_call(call, True, device)
+                    timed[kernel] = _time_call(call, True, device)
                     with torch.no_grad():
                         outputs[kernel] = call()
                 except Exception as err:
                     rows.append({**case, "error": _short(err)})
                     continue
-                rows.append({**case, "ms": seconds * 1e3})
+                rows.append({**case, "ms": timed[kernel] * 1e3})
             if len(outputs) == 2:
                 scale = outputs["chunked"].abs().max().clamp_min(1e-12)
                 diff = (outputs["fla"] - outputs["chunked"]).abs().max() / scale
                 rows.append({"arch": name, "seq_len": seq_len, "kernel": "fla vs chunked",
                              "relative_difference": float(diff)})
+            if timed:
+                with autocast():
+                    picks = choose_kernel(arch, "auto", x, 0.0, True)
+                fastest.setdefault(name, {})[str(seq_len)] = {
+                    "fastest": min(timed, key=timed.get), "auto_picks": picks}
+    return {"dtype": str(dtype).removeprefix("torch."), "cases": rows, "fastest": fastest,
+            "steps": mixer_steps(device, size, left)}
+
+
+def mixer_steps(device: torch.device, size: dict[str, Any], left: Callable[[], float]
+                ) -> list[dict[str, Any]]:
+    """One training step of each mixer, eager (``auto``) and compiled: ``train.compile``'s
+    kernel is the chunked one, fla's entry points being outside what torch.compile traces."""
+    spec = BenchSpec(**{**size["spec"], "n_layers": 2}, batch_size=1, warmup=1, repeats=3,
+                     device=device.type, precision="auto", attention_share=False)
+    seq_len = size["kernel_lens"][0]
+    rows = []
+    for name in size["step_mixers"]:
+        for compiled in (False, True):
+            case = {"arch": name, "seq_len": seq_len, "compiled": compiled}
+            if left() <= 0:
+                rows.append({**case, "skipped": "out of time"})
+                continue
+            try:
+                row = training.run_case(name, seq_len, replace(spec, compile=compiled))
+            except Exception as err:
+                rows.append({**case, "error": _short(err)})
+                continue
+            rows.append({**case, **{k: row[k] for k in ("tokens_per_s", "peak_mib", "kernel",
+                                                        "precision")}})
+            print(f"  mixer step {name:>15} {'compiled' if compiled else 'eager':>8}: "
+                  f"{row['tokens_per_s']:>10,.0f} tok/s ({row['kernel']})", file=sys.stderr,
+                  flush=True)
     return rows
 
 
-SECTIONS = ("device", "train", "kernels", "block_masks", "decode", "mixers")
+SECTIONS = ("device", "train", "kernels", "mixers", "block_masks", "decode")
 
 
 def run(device: torch.device, quick: bool, budget: float,
@@ -277,9 +319,9 @@ def run(device: torch.device, quick: bool, budget: float,
         ("device", lambda: device_section(device)),
         ("train", lambda: train_section(device, size, report.get("device", {}), left)),
         ("kernels", lambda: kernels_section(device, size, left)),
+        ("mixers", lambda: mixers_section(device, size, left)),
         ("block_masks", lambda: block_mask_section(device, size)),
         ("decode", lambda: decode_section(device, size, quick)),
-        ("mixers", lambda: mixers_section(device, size, left)),
     ]
     for name, section in sections:
         if name not in only:
@@ -341,9 +383,9 @@ def table(report: dict[str, Any]) -> str:
             lines.append(f"fastest {arch}: {picks}")
     mixers = report.get("mixers")
     if mixers:
-        lines += ["", "| mixer | T | kernel | ms (fwd+bwd) or fla's difference |",
-                  "|---|---|---|---|"]
-        for c in mixers:
+        lines += ["", f"| mixer | T | kernel | ms (fwd+bwd, {mixers['dtype']}) or fla's "
+                      "difference |", "|---|---|---|---|"]
+        for c in mixers["cases"]:
             if "ms" in c:
                 value = f"{c['ms']:.2f}"
             elif "relative_difference" in c:
@@ -352,6 +394,21 @@ def table(report: dict[str, Any]) -> str:
                 value = c.get("error") or c.get("skipped")
             lines.append(f"| {c['arch']} | {c['seq_len']:,} | {c.get('kernel', '-')} | "
                          f"{value} |")
+        for arch, by_len in mixers["fastest"].items():
+            picks = ", ".join(f"T={t}: {p['fastest']} (auto: {p['auto_picks']})"
+                              for t, p in by_len.items())
+            lines.append(f"fastest {arch}: {picks}")
+        if mixers["steps"]:
+            lines += ["", "| mixer | T | step | kernel | tokens/s | peak MiB |",
+                      "|---|---|---|---|---|---|"]
+        for c in mixers["steps"]:
+            mode = "compiled" if c["compiled"] else "eager"
+            if "tokens_per_s" in c:
+                lines.append(f"| {c['arch']} | {c['seq_len']:,} | {mode} | {c['kernel']} | "
+                             f"{c['tokens_per_s']:,.0f} | {c['peak_mib']:,.0f} |")
+            else:
+                lines.append(f"| {c['arch']} | {c['seq_len']:,} | {mode} | - | "
+                             f"{c.get('error') or c.get('skipped')} | - |")
     for name, err in report.get("errors", {}).items():
         lines.append(f"{name}: {err}")
     return "\n".join(lines)

@@ -11,9 +11,10 @@
 #    the transformer at the paper width (T = 2k, 8k, 32k; 64k for the local patterns; bf16),
 #    each local pattern's attention call timed with FlexAttention and with its own kernels (the
 #    fastest recorded beside auto's choice), FlexAttention block-mask memory and compile counts,
-#    compiled batch-1 decoding against the bandwidth floor, and one layer of each recurrent
-#    mixer timed with its chunked form and with flash-linear-attention's kernels where that is
-#    installed (pip install fla-core; the GPU tests compare fla with the reference there too).
+#    compiled batch-1 decoding against the bandwidth floor, one layer of each recurrent mixer
+#    timed in bf16 with its chunked form and with flash-linear-attention's kernels where that is
+#    installed (pip install fla-core; the GPU tests compare fla with the reference there too),
+#    the faster beside auto's choice, and one training step of each mixer eager and compiled.
 # Under 8 minutes in all. Results go to $OUT (default benchmarks/results): gpu_tests.txt and
 # gpu_check.json; the table is printed.
 set -euo pipefail

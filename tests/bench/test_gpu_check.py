@@ -77,8 +77,15 @@ def test_measurements_run_on_the_cpu(tmp_path):
         choice = kernels["fastest"][arch]["256"]
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
     mixers = report["mixers"]
-    assert {(c["arch"], c["kernel"]) for c in mixers if "ms" in c} == {
-        (arch, "chunked") for arch in ("mamba2", "gated_deltanet", "rwkv7")}
-    skipped = {c["skipped"] for c in mixers if c["kernel"] == "fla"}
+    archs = ("mamba2", "gated_deltanet", "rwkv7")
+    assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
+        (arch, "chunked") for arch in archs}
+    skipped = {c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}
     assert skipped == {"flash-linear-attention's kernels run on CUDA, not cpu"}
     assert "| mamba2 | 256 | chunked |" in done.stdout
+    assert mixers["fastest"] == {a: {"256": {"fastest": "chunked", "auto_picks": "chunked"}}
+                                 for a in archs}
+    steps = {(r["arch"], r["compiled"]): r for r in mixers["steps"]}  # quick: mamba2's only
+    assert set(steps) == {("mamba2", False), ("mamba2", True)}
+    assert all(r["tokens_per_s"] > 0 and r["kernel"] == "chunked" for r in steps.values())
+    assert "| mamba2 | 256 | compiled | chunked |" in done.stdout

@@ -177,3 +177,21 @@ def test_a_compiled_step_with_auto_runs_the_chunked_kernel(fla):
     assert row["compiled"] and row["step_s"] > 0
     assert set(row["kernel"].split(",")) == {f"{a}:chunked" for a in RECURRENT}
     assert fla == []
+
+
+def test_the_extras_pin_is_the_oldest_release_the_code_accepts():
+    import re
+
+    text = (Path(__file__).resolve().parents[2] / "pyproject.toml").read_text()
+    least = ".".join(map(str, recurrent.FLA_MIN_VERSION))
+    assert re.findall(r"^fla = \[(.*)\]$", text, flags=re.M) == [f'"fla-core>={least}"']
+
+
+def test_an_older_fla_is_refused_by_name_and_left_by_auto(fla, monkeypatch):
+    monkeypatch.setattr(recurrent, "fla_version", lambda: (0, 3, 2))
+    tokens = random_tokens(1, 9)
+    with pytest.raises(ValueError, match=r"flash-linear-attention 0\.3\.2 is older than 0\.4\.0"):
+        sharp_model("rwkv7", attn_impl="fla")(tokens)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        sharp_model("rwkv7")(tokens)
+    assert fla == []

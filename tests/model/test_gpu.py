@@ -69,6 +69,55 @@ def test_cuda_bf16_training_step(tmp_path):
     assert result.step == 3 and result.best_val_loss < 10
 
 
+MIXER_RUNS = ["mamba2", "gated_deltanet", "rwkv7", "hybrid:mamba2,gated_deltanet,rwkv7,transformer"]
+
+
+@pytest.mark.parametrize("arch", MIXER_RUNS)
+def test_cuda_bf16_training_of_the_mixers(arch, tmp_path):
+    """A default CUDA run of each mixer, and of a hybrid of all three, trains three steps:
+    bf16 autocast, where ``auto`` takes fla for every recurrent layer (the chunked kernel
+    where fla is not installed)."""
+    from ecp_lm.bench.training import kernels_run
+    from ecp_lm.model.archs.recurrent import fla_installed
+    from ecp_lm.training.loop import train
+    from helpers import tiny_run_config
+
+    arch, _, pattern = arch.partition(":")
+    layers = ["model.layer_pattern=" + pattern, "model.n_layers=4"] if pattern else []
+    cfg = tiny_run_config(tmp_path, arch, ["train.device=cuda", *layers], steps=3)
+    result = train(cfg, tmp_path / "run", progress=False)
+    assert result.step == 3 and result.best_val_loss < 10
+    model = sharp_model(arch, **({"layer_pattern": pattern, "n_layers": 4} if pattern else {}))
+    model = model.cuda().train()
+    with torch.autocast("cuda", dtype=torch.bfloat16), kernels_run(model) as ran:
+        model.loss(random_tokens(2, 65, seed=4).cuda()).backward()
+    kernel = "fla" if fla_installed() else "chunked"
+    recurrent = [a for a in model.cfg.layer_archs if architecture(a).recurrent]
+    assert {k for k in ran if not k.startswith("transformer")} == (
+        {f"{a}:{kernel}" for a in recurrent} if pattern else {kernel}), ran
+
+
+@pytest.mark.parametrize("arch", MIXER_RUNS[:3])
+def test_cuda_bf16_step_on_fla_is_the_chunked_kernels(arch):
+    """One bf16 training step on fla and on the chunked kernel, same weights: the losses agree
+    to bf16's rounding and every gradient is within a tenth of the largest of its tensor."""
+    fast = sharp_model(arch, attn_impl="fla").cuda().train()
+    chunked = sharp_model(arch, attn_impl="chunked").cuda().train()
+    chunked.load_state_dict(fast.state_dict())
+    tokens = random_tokens(2, 65, seed=4).cuda()
+    losses = []
+    for model in (fast, chunked):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model.loss(tokens)
+        loss.backward()
+        losses.append(loss.float())
+    torch.testing.assert_close(losses[0], losses[1], atol=3e-2, rtol=3e-2)
+    for (name, a), b in zip(fast.named_parameters(), chunked.parameters(), strict=True):
+        assert torch.isfinite(a.grad).all(), name
+        scale = b.grad.abs().max().clamp_min(1e-6)
+        assert (a.grad - b.grad).abs().max() / scale < 0.1, name
+
+
 @pytest.mark.parametrize("arch", ["ecp", "transformer"])
 def test_cuda_compiled_decoding_has_no_host_sync(arch):
     """The compiled decode step on CUDA: the eager tokens, and no device-to-host copy in any

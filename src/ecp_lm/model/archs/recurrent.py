@@ -31,6 +31,7 @@ A mixer module has Attention's interface (``forward(x, rows, n_query, cache, ...
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import math
 from typing import Any, ClassVar
 
@@ -54,9 +55,34 @@ GROUP_TOKENS = 512
 group's intermediates stay in the CPU's caches, and it is what backward recomputes at once."""
 
 
+FLA_MIN_VERSION = (0, 4, 0)
+"""The oldest flash-linear-attention whose entry points take what the mixers pass (the ``fla``
+extra's pin): 0.3.2's ``chunk_gated_delta_rule`` asserts against float32 q, k, v."""
+
+
 def fla_installed() -> bool:
     """Whether flash-linear-attention (``fla``, the ``fla`` extra) can be imported."""
     return importlib.util.find_spec("fla") is not None
+
+
+def fla_version() -> tuple[int, ...] | None:
+    """The installed flash-linear-attention's release (``fla-core``, or the
+    ``flash-linear-attention`` package that holds it), None where neither is recorded."""
+    from importlib import metadata
+
+    for name in ("fla-core", "flash-linear-attention"):
+        try:
+            text = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            continue
+        parts = []
+        for piece in text.split(".")[:3]:
+            digits = "".join(itertools.takewhile(str.isdigit, piece))
+            if not digits:
+                break
+            parts.append(int(digits))
+        return tuple(parts)
+    return None
 
 
 class Recurrent(Architecture):
@@ -127,6 +153,12 @@ class Recurrent(Architecture):
             if not fla_installed():
                 return ("flash-linear-attention is not installed (pip install "
                         "'ecp-lm[fla]')")
+            found = fla_version()
+            if found is not None and found < FLA_MIN_VERSION:
+                least = ".".join(map(str, FLA_MIN_VERSION))
+                return (f"flash-linear-attention {'.'.join(map(str, found))} is older than "
+                        f"{least}, the first whose kernels take these calls (pip install "
+                        f"'fla-core>={least}')")
         return None
 
     def state_bytes(self, dtype_bytes: int = 4) -> int:
