@@ -98,7 +98,8 @@ class ModelConfig:
     """Taps of the short causal convolution of ``mamba2`` and ``gated_deltanet`` (default 4)."""
     chunk_size: int | None = None
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
-    ``gated_deltanet``, 32 for ``rwkv7``); the results do not depend on it beyond rounding."""
+    ``gated_deltanet``, 32 for ``rwkv7``, each kind its own in a hybrid; set, every kind's); the
+    results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -123,8 +124,9 @@ class ModelConfig:
     an explicit kernel that cannot run a call raises ValueError. The recurrent mixers have their
     own: ``chunked`` (the chunkwise-parallel form in PyTorch, any device), ``fla``
     (flash-linear-attention's Triton kernels, CUDA, the ``fla`` extra; ``auto`` takes it where it
-    is installed) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent
-    layers takes ``auto`` or ``reference``."""
+    is installed, for bf16 and fp16 compute and not under torch.compile) and ``reference`` (the
+    token-by-token recurrence); a hybrid with recurrent layers takes ``auto`` or
+    ``reference``."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""

@@ -112,6 +112,32 @@ def test_groups_compute_the_recurrence_forward_and_backward(arch, monkeypatch):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-11, rtol=1e-9, msg=name)
 
 
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_backward_recomputes_each_group_exactly_under_its_autocast(arch, monkeypatch):
+    """A bf16 autocast training step in groups: each group's recomputation in backward gives
+    bit for bit the output (and dtype) the group gave in the forward, so its gradients are
+    those of the forward that ran; every parameter gets one."""
+    monkeypatch.setattr(recurrent, "GROUP_TOKENS", 8)
+    model = sharp_model(arch, chunk_size=4, attn_impl="chunked").train()
+    mixer_class = type(model.blocks[0].attn)
+    real, seen = mixer_class.mix, {}
+
+    def recording(self, rows, state, kernel):
+        y, new = real(self, rows, state, kernel)
+        key = (id(self), rows.untyped_storage().data_ptr(), rows.storage_offset(), rows.shape)
+        seen.setdefault(key, []).append(y.detach().clone())
+        return y, new
+
+    monkeypatch.setattr(mixer_class, "mix", recording)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = model.loss(random_tokens(2, 30, seed=4))
+    loss.backward()
+    assert len(seen) == 2 * 4  # two layers of four groups, each run twice
+    for forward, again in seen.values():
+        assert again.dtype == forward.dtype and torch.equal(again, forward)
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+
+
 def _kept_for_backward(arch: str, t: int) -> int:
     """Bytes a mixer layer at d_model 32 keeps between its forward and its backward on T
     tokens: what is alive after the forward that was not alive before it, the output aside."""
@@ -136,3 +162,23 @@ def test_a_layer_keeps_less_than_a_number_per_token_and_channel_for_backward(arc
     for n in (4, 16):
         kept = _kept_for_backward(arch, n * group)
         assert kept <= (n * group) * 32 * 4, kept / (n * group * 32 * 4)
+
+
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_a_layer_of_several_groups_compiles_to_one_graph(arch, monkeypatch):
+    """Under torch.compile the groups' recomputation is traced (torch.utils.checkpoint): the
+    training loss over four groups is one graph without breaks."""
+    import torch._dynamo
+
+    from ecp_lm.model.loss import next_token_loss
+
+    monkeypatch.setattr(recurrent, "GROUP_TOKENS", 8)
+    model = sharp_model(arch, chunk_size=4).train()
+    tokens = random_tokens(2, 31)
+    torch._dynamo.reset()
+    try:
+        found = torch._dynamo.explain(
+            lambda t: next_token_loss(model(t[:, :-1]), t, reduction="sum"))(tokens)
+    finally:
+        torch._dynamo.reset()
+    assert (found.graph_count, found.graph_break_count) == (1, 0), found.break_reasons

@@ -8,6 +8,7 @@ import os
 import pytest
 import torch
 
+from ecp_lm.model.archs import recurrent
 from ecp_lm.run.checkpoint import read_checkpoint
 from ecp_lm.training.loop import train
 from helpers import spawn_ranks, tiny_run_config
@@ -19,13 +20,16 @@ RUNS = {  # name: (overrides, stop_at then resume)
     "dropout": (["model.dropout=0.2"], False),
     "dropout-resumed": (["model.dropout=0.2"], True),
     # recurrent mixers beside attention: their parameters (A_log, D, convolutions, low-rank
-    # maps) sharded and reduced like any other
+    # maps) sharded and reduced like any other, each layer run in four groups recomputed in
+    # backward (GROUP_TOKENS)
     "fsdp-recurrent": (["train.fsdp=true", "model.arch=hybrid",
                         "model.layer_pattern=mamba2,rwkv7,gated_deltanet,ecp",
-                        "model.n_layers=4"], False),
+                        "model.n_layers=4", "model.chunk_size=4"], False),
     "ddp-recurrent": (["model.arch=hybrid", "model.layer_pattern=mamba2,rwkv7,gated_deltanet,ecp",
-                       "model.n_layers=4"], False),
+                       "model.n_layers=4", "model.chunk_size=4"], False),
 }
+GROUP_TOKENS = 8
+"""The recurrent layers' groups here: two chunks of 4, four groups to a window of 32."""
 
 
 def config(tmp_path, overrides, batch_size):
@@ -42,6 +46,7 @@ def worker(rank: int, world: int, port: int, tmp_path) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
     torch.set_num_threads(1)
+    recurrent.GROUP_TOKENS = GROUP_TOKENS
     import torch.distributed.fsdp._fully_shard._fsdp_param_group as fsdp_group
 
     reductions = []
@@ -72,7 +77,8 @@ def two_ranks(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", ["ddp", "fsdp", "ddp-recurrent", "fsdp-recurrent"])
-def test_two_ranks_equal_one_process_on_the_combined_batch(two_ranks, name):
+def test_two_ranks_equal_one_process_on_the_combined_batch(two_ranks, name, monkeypatch):
+    monkeypatch.setattr(recurrent, "GROUP_TOKENS", GROUP_TOKENS)
     tmp_path, ranks = two_ranks
     overrides = [o for o in RUNS[name][0] if not o.startswith("train.fsdp")]
     single = train(config(tmp_path, overrides, 2 * BATCH), tmp_path / f"single-{name}",

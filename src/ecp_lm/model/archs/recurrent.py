@@ -53,6 +53,10 @@ FLA_DEVICES = ("cuda",)
 GROUP_TOKENS = 512
 """Rows the chunked kernel takes at once (rounded down to whole chunks, at least one): a
 group's intermediates stay in the CPU's caches, and it is what backward recomputes at once."""
+RECOMPUTE_GROUPS = True
+"""Whether backward recomputes each group from its rows and start state (memory per token
+independent of the kernel), or keeps every group's intermediates (one forward fewer);
+benchmarks/mixer_groups.py measures both."""
 
 
 FLA_MIN_VERSION = (0, 4, 0)
@@ -244,14 +248,17 @@ class RecurrentMixer(nn.Module):
         no random numbers), so that what the layer keeps for backward is its rows, its output
         and one state per group, whatever the length."""
         span = max(1, GROUP_TOKENS // self.chunk) * self.chunk
-        recompute = torch.is_grad_enabled()
+        recompute = RECOMPUTE_GROUPS and torch.is_grad_enabled()
         outputs = []
         # Split once: slicing a group out inside the loop would cost its backward a zero-filled
         # gradient of all the rows per group.
         for part in x.split(span, dim=1):
-            if recompute:
+            if recompute and torch.compiler.is_compiling():
+                # traced as one graph, whose partitioner places the recomputation
                 y, state = checkpoint(self.mix, part, state, "chunked", use_reentrant=False,
                                       preserve_rng_state=False)
+            elif recompute:
+                y, state = _recomputed(self, part, state)
             else:
                 y, state = self.mix(part, state, "chunked")
             outputs.append(y)
@@ -264,6 +271,59 @@ class RecurrentMixer(nn.Module):
         y, new = self.mix(x, _read(cache), "reference")
         _write(cache, new)
         return y
+
+
+def _recomputed(mixer: RecurrentMixer, rows: Tensor, state: dict[str, Tensor] | None
+                ) -> tuple[Tensor, dict[str, Tensor]]:
+    """``mixer.mix(rows, state, "chunked")``, keeping for backward only ``rows`` and ``state``
+    (``_Recompute``)."""
+    names = sorted(mixer.state_shapes())
+    starts = () if state is None else tuple(state[name] for name in names)
+    params = tuple(mixer.parameters())
+    y, *ends = _Recompute.apply(mixer, names, len(starts), rows, *starts, *params)
+    return y, dict(zip(names, ends, strict=True))
+
+
+class _Recompute(torch.autograd.Function):
+    """A group of the chunked kernel run without keeping its intermediates, and run again in
+    backward to differentiate it. Its inputs are the rows, the start state and the mixer's
+    parameters, explicitly: each parameter's gradient leaves the node like any other, summed
+    over the groups before it reaches the parameter (once per backward, as data parallelism's
+    hooks expect). Faster than ``torch.utils.checkpoint``'s saved-tensor hooks on the many
+    small operations of a mixer; torch.compile traces that one instead."""
+
+    @staticmethod
+    def forward(ctx, mixer, names, n_state, rows, *tensors):
+        ctx.mixer, ctx.names, ctx.n_state = mixer, names, n_state
+        kind = rows.device.type
+        ctx.autocast = (kind, torch.is_autocast_enabled(kind), torch.get_autocast_dtype(kind)) \
+            if torch.amp.is_autocast_available(kind) else None
+        starts = tensors[:n_state]
+        ctx.save_for_backward(rows, *starts)
+        with torch.no_grad():
+            y, ends = mixer.mix(rows, dict(zip(names, starts, strict=True)) if n_state else None,
+                                "chunked")
+        return (y, *(ends[name] for name in names))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        rows, *starts = ctx.saved_tensors
+        inputs = [t.detach().requires_grad_(t.requires_grad) for t in (rows, *starts)]
+        params = list(ctx.mixer.parameters())
+        kind, enabled, dtype = ctx.autocast or ("cpu", False, None)
+        with torch.enable_grad(), torch.autocast(kind, dtype=dtype, enabled=enabled):
+            y, ends = ctx.mixer.mix(inputs[0], dict(zip(ctx.names, inputs[1:], strict=True))
+                                    if ctx.n_state else None, "chunked")
+        outputs = [y, *(ends[name] for name in ctx.names)]
+        pairs = [(out, grad) for out, grad in zip(outputs, grads, strict=True)
+                 if grad is not None and out.requires_grad]
+        every = (*inputs, *params)
+        wrt = [t for t in every if t.requires_grad]
+        if not pairs or not wrt:
+            return (None,) * (3 + len(every))
+        found = iter(torch.autograd.grad([o for o, _ in pairs], wrt, [g for _, g in pairs],
+                                         allow_unused=True))
+        return (None, None, None, *(next(found) if t.requires_grad else None for t in every))
 
 
 def _read(cache: StateCache) -> dict[str, Tensor]:
