@@ -1,8 +1,9 @@
 """The recurrent mixers' measurements on the performance page: ``benchmarks/state_decode.py``
 (its table the script's own rendering of its recorded JSON, and a small run that shows a state's
-bytes do not move with the position while the transformer's cache grows), and the training
-table of ``ecp bench`` for the mixers beside ECP and the transformer (rows rendered from its
-recorded JSON)."""
+bytes do not move with the position while the transformer's cache grows), the training table
+of ``ecp bench`` for the mixers beside ECP, and benchmarks/mixer_groups.py's table of what the
+chunked kernel's groups and their recomputation cost and keep (rows rendered from the recorded
+JSON)."""
 
 from __future__ import annotations
 
@@ -17,8 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "benchmarks" / "state_decode.py"
 PAGE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"
-TRAIN = {"glibc's defaults": RESULTS / "bench_recurrent_cpu.json",
-         "a heap that keeps its pages": RESULTS / "bench_recurrent_heap_cpu.json"}
+TRAIN = RESULTS / "bench_recurrent_cpu.json"
+GROUPS = ROOT / "benchmarks" / "mixer_groups.py"
 
 
 @pytest.fixture(scope="module")
@@ -55,65 +56,117 @@ def test_the_page_quotes_the_recorded_decode_table(script):
 
 
 def train_rows(path: Path) -> list[str]:
-    """One of the page's training tables, rendered from its recorded ``ecp bench`` JSON."""
+    """The page's training table, rendered from its recorded ``ecp bench`` JSON: each row's
+    tokens/s over the same architecture's at the shortest N, and its peak memory over ECP's at
+    the same N."""
     rows = json.loads(path.read_text())["train"]
-    lines = ["| arch | N | kernel | parameters | tokens/s | peak MiB | step time / transformer |",
-             "|---|---|---|---|---|---|---|"]
+    first = {r["arch"]: r["tokens_per_s"] for r in rows if r["seq_len"] == rows[0]["seq_len"]}
+    ecp = {r["seq_len"]: r["peak_mib"] for r in rows if r["arch"] == "ecp"}
+    lines = [f"| arch | N | kernel | parameters | tokens/s | tokens/s ÷ at {rows[0]['seq_len']:,} "
+             "| peak MiB | peak ÷ ECP's |", "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['arch']} | {r['seq_len']:,} | {r['kernel']} | {r['params']:,} | "
-              f"{r['tokens_per_s']:,.0f} | {r['peak_mib']:,.0f} | "
-              f"{r['time_ratio_to_transformer']:.3f} |" for r in rows]
+              f"{r['tokens_per_s']:,.0f} | {r['tokens_per_s'] / first[r['arch']]:.2f} | "
+              f"{r['peak_mib']:,.0f} | {r['peak_mib'] / ecp[r['seq_len']]:.2f} |" for r in rows]
     return lines
 
 
-@pytest.mark.parametrize("run", TRAIN)
-def test_the_page_quotes_the_recorded_training_tables(run):
+def test_the_page_quotes_the_recorded_training_table():
     page = PAGE.read_text()
-    for line in train_rows(TRAIN[run]):
+    for line in train_rows(TRAIN):
         assert line in page, line
 
 
-def test_the_heap_run_kept_its_pages():
-    """The second run is the one the page says: glibc's allocator told never to return memory
-    to the system (``malloc_env`` in its JSON), the first with the allocator as it comes."""
-    heap = json.loads(TRAIN["a heap that keeps its pages"].read_text())["meta"]
-    assert heap["malloc_env"] == {"MALLOC_MMAP_MAX_": "0",
-                                  "MALLOC_TRIM_THRESHOLD_": "100000000000"}
-    assert not json.loads(TRAIN["glibc's defaults"].read_text())["meta"].get("malloc_env")
+def test_the_training_run_is_the_one_the_page_describes():
+    """One thread, glibc's allocator as it comes, the four architectures at 1k, 4k and 16k."""
+    report = json.loads(TRAIN.read_text())
+    assert report["meta"]["threads"] == 1 and report["meta"]["malloc_env"] == {}
+    assert {(r["arch"], r["seq_len"]) for r in report["train"]} == {
+        (a, n) for a in ("ecp", "mamba2", "gated_deltanet", "rwkv7")
+        for n in (1024, 4096, 16384)}
 
 
-@pytest.mark.parametrize(("arch", "kernels", "attends"), [
-    ("mamba2", "chunked", False),
-    ("rwkv7", "chunked", False),
-    ("hybrid(gated_deltanet,ecp)", "ecp:native,gated_deltanet:chunked", True),
-])
-def test_bench_names_a_mixers_kernel_and_gives_it_no_attention(arch, kernels, attends):
-    """``ecp bench`` records the kernel each recurrent layer ran, and a model without attention
-    has an attention share of exactly 0 (not the noise of timing the same step twice)."""
-    from ecp_lm.bench.core import BenchSpec
-    from ecp_lm.bench.training import run_case
-
-    spec = BenchSpec(d_model=32, n_layers=2, n_heads=2, segment_len=32, warmup=0, repeats=1,
-                     threads=1)
-    row = run_case(arch, 128, spec)
-    assert row["kernel"] == kernels
-    if attends:
-        assert row["attention_s"] is not None and row["attention_entries"] > 0
-    else:
-        assert row["attention_s"] == 0.0 and row["attention_share"] == 0.0
-        assert row["attention_entries"] == 0
+@pytest.fixture(scope="module")
+def groups():
+    return load_script(GROUPS, "mixer_groups")
 
 
-def fall_text(path: Path) -> str:
-    """Each model's tokens/s at its longest N over its shortest, as the page words it."""
-    rows = json.loads(path.read_text())["train"]
-    first, last = min(r["seq_len"] for r in rows), max(r["seq_len"] for r in rows)
-    by = {(r["arch"], r["seq_len"]): r["tokens_per_s"] for r in rows}
-    ratio = {a: f"{by[a, last] / by[a, first]:.2f}" for a in ("mamba2", "gated_deltanet",
-                                                             "rwkv7", "ecp")}
-    return (f"`mamba2` {ratio['mamba2']}, `gated_deltanet` {ratio['gated_deltanet']}, "
-            f"`rwkv7` {ratio['rwkv7']}; ECP {ratio['ecp']}")
+def test_the_page_quotes_the_recorded_groups_table(groups):
+    report = json.loads((RESULTS / "mixer_groups_cpu.json").read_text())
+    page = PAGE.read_text()
+    for line in groups.format_table(report["results"]).splitlines():
+        if line.strip():
+            assert line in page, line
 
 
-@pytest.mark.parametrize("run", TRAIN)
-def test_the_page_quotes_each_runs_fall_with_n(run):
-    assert fall_text(TRAIN[run]) in PAGE.read_text()
+def test_a_small_groups_run_shows_what_each_mode_keeps(groups, tmp_path, capsys):
+    """Two lengths of mamba2 in the three modes: the kept bytes per token of ``whole`` and
+    ``groups`` are the kernel's intermediates, ``recompute``'s a state per group; the module's
+    settings are put back after."""
+    from ecp_lm.model.archs import recurrent
+
+    out = tmp_path / "groups.json"
+    assert groups.main(["--archs", "mamba2", "--seq-lens", "64,1024", "--repeats", "1",
+                        "--json", str(out)]) == 0
+    rows = {(r["seq_len"], r["mode"]): r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {(n, m) for n in (64, 1024) for m in groups.MODES}
+    for n in (64, 1024):
+        assert rows[n, "recompute"]["kept_bytes_per_token"] < \
+            rows[n, "groups"]["kept_bytes_per_token"] / 20
+    assert (recurrent.GROUP_TOKENS, recurrent.RECOMPUTE_GROUPS) == (512, True)
+    assert "| mamba2 | 1,024 | recompute |" in capsys.readouterr().out
+
+
+def _span(values, spec: str, unit: str = "") -> str:
+    low, high = min(values), max(values)
+    return f"{low:{spec}}{unit}" if f"{low:{spec}}" == f"{high:{spec}}" else \
+        f"{low:{spec}}–{high:{spec}}{unit}"
+
+
+def training_claims() -> list[str]:
+    """The page's sentences about the training table, rendered from its JSON."""
+    rows = {(r["arch"], r["seq_len"]): r for r in json.loads(TRAIN.read_text())["train"]}
+    mixers = ("mamba2", "gated_deltanet", "rwkv7")
+
+    def flat(arch: str) -> float:
+        return rows[arch, 16384]["tokens_per_s"] / rows[arch, 1024]["tokens_per_s"]
+
+    def memory(arch: str, n: int) -> float:
+        return rows[arch, n]["peak_mib"] / rows["ecp", n]["peak_mib"]
+
+    within = max(abs(1 - flat(a)) for a in mixers)
+    faster = [rows["ecp", n]["tokens_per_s"] / rows[a, n]["tokens_per_s"]
+              for a in mixers for n in (1024, 4096, 16384)]
+    return [
+        f"Each mixer's tokens/s at 16,384 is within {within:.0%} of its tokens/s at 1,024: "
+        + ", ".join(f"`{a}` {flat(a):.2f}" for a in mixers) + f"; ECP {flat('ecp'):.2f}.",
+        f"Their peak memory at 16,384 is {_span([memory(a, 16384) for a in mixers], '.2f')}× "
+        "ECP's.",
+        f"At 1,024 it is {_span([memory(a, 1024) for a in mixers], '.2f')}× ECP's",
+        f"ECP's band kernel trains {_span(faster, '.1f')}× faster than the chunked mixers",
+    ]
+
+
+def groups_claims() -> list[str]:
+    """The page's sentences about benchmarks/mixer_groups.py's table, rendered from its JSON."""
+    rows = {(r["arch"], r["seq_len"], r["mode"]): r
+            for r in json.loads((RESULTS / "mixer_groups_cpu.json").read_text())["results"]}
+    archs = dict.fromkeys(a for a, _, _ in rows)
+    lengths = sorted({n for _, n, _ in rows})
+    fall = [1 - rows[a, lengths[0], "whole"]["us_per_token"]
+            / rows[a, lengths[-1], "whole"]["us_per_token"] for a in archs]
+    cost = [rows[a, n, "recompute"]["us_per_token"] / rows[a, n, "groups"]["us_per_token"]
+            for a in archs for n in lengths]
+    kept = [rows[a, n, "recompute"]["kept_bytes_per_token"] for a in archs for n in lengths]
+    whole = [rows[a, n, "groups"]["kept_bytes_per_token"] / 1000 for a in archs
+             for n in lengths]
+    return [f"its tokens/s fall by {_span([100 * f for f in fall], '.0f', '%')}.",
+            f"Recomputation keeps {_span(kept, '.0f')} bytes per token instead of "
+            f"{_span(whole, '.0f')} KB.",
+            f"the layer takes {_span(cost, '.2f')}× as long as with groups alone"]
+
+
+@pytest.mark.parametrize("claims", [training_claims, groups_claims])
+def test_the_pages_sentences_are_the_recorded_numbers(claims):
+    page = " ".join(PAGE.read_text().split())
+    for claim in claims():
+        assert claim in page, claim
