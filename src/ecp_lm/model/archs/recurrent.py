@@ -57,8 +57,6 @@ RECOMPUTE_GROUPS = True
 """Whether backward recomputes each group from its rows and start state (memory per token
 independent of the kernel), or keeps every group's intermediates (one forward fewer);
 benchmarks/mixer_groups.py measures both."""
-
-
 FLA_MIN_VERSION = (0, 4, 0)
 """The oldest flash-linear-attention whose entry points take what the mixers pass (the ``fla``
 extra's pin): 0.3.2's ``chunk_gated_delta_rule`` asserts against float32 q, k, v."""
@@ -244,9 +242,9 @@ class RecurrentMixer(nn.Module):
                     ) -> tuple[Tensor, dict[str, Tensor]]:
         """``mix`` on the chunked kernel, over groups of ``GROUP_TOKENS`` rows in turn, each
         from the state the group before it left. With autograd on, each group is recomputed in
-        backward from its rows and its start state (``torch.utils.checkpoint``; a mixer draws
-        no random numbers), so that what the layer keeps for backward is its rows, its output
-        and one state per group, whatever the length."""
+        backward from its rows and its start state (``_Recompute``; where torch.compile traces,
+        ``torch.utils.checkpoint``; a mixer draws no random numbers), so that what the layer
+        keeps for backward is its rows and one state per group, whatever the length."""
         span = max(1, GROUP_TOKENS // self.chunk) * self.chunk
         recompute = RECOMPUTE_GROUPS and torch.is_grad_enabled()
         outputs = []
