@@ -8,4 +8,4 @@ Path("corpus.txt").write_text(Path(argparse.__file__).read_text())  # any text f
 run = ecp_lm.train("tiny", out="runs/quickstart", source="text", data_path="corpus.txt", steps=100)
 print(run.generate("def parse_args(self", max_new_tokens=80))
 report = run.evaluate("test")
-print({key: round(report[key], 3) for key in ("loss", "ppl_token", "bits_per_byte", "ppl_word")})
+print({key: round(report[key], 3) for key in ("loss", "ppl_token", "bits_per_byte")})

@@ -244,6 +244,14 @@ class Run:
                              "with --no-cache")
         if not isinstance(prompt, str):
             raise ValueError(f"prompt {prompt!r} is not a str")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError as err:  # how Python passes on argv bytes that are not UTF-8
+            char = prompt[err.start]
+            what = (f"the byte {bytes([ord(char) - 0xDC00])!r}" if 0xDC80 <= ord(char) <= 0xDCFF
+                    else repr(char))
+            raise ValueError(f"the prompt (--prompt) is not UTF-8 text: character {err.start} "
+                             f"is {what}; give UTF-8 text (or --prompt-file)") from None
         ids = self.tokenizer.encode(prompt)
         if len(ids) == 0:
             raise ValueError("the prompt is empty")
@@ -260,7 +268,9 @@ class Run:
 
     def stream(self, request: GenerationRequest, write: Callable[[str], Any]) -> list[float]:
         """Sample ``request`` and pass the text to ``write`` as it comes (whole UTF-8
-        characters only); the seconds from the start at which each token arrived."""
+        characters only); the seconds from the start at which each token arrived. A U+FFFD in
+        the text stands for bytes the model emitted that are not UTF-8; a character whose
+        bytes the last tokens only begin (cut by ``max_new_tokens`` or ``eos``) is left out."""
         import time
 
         from ecp_lm.generation import stream
@@ -271,7 +281,7 @@ class Run:
         start = time.perf_counter()
         with autocast(request.precision, self.device):
             for token, _ in stream(self.model, request.prompt, eos_id=request.eos_id,
-                                   **request.options):
+                                   progress=True, **request.options):
                 new.append(int(token[0]))
                 times.append(time.perf_counter() - start)
                 decoded = self.tokenizer.decode(new)
@@ -279,9 +289,10 @@ class Run:
                     continue
                 write(decoded[len(written):])
                 written = decoded
-        rest = self.tokenizer.decode(new)[len(written):]
-        if rest:
-            write(rest)
+        final = self.tokenizer.decode(new)
+        final = final[:len(final) - self.tokenizer.unfinished(new)]
+        if final[len(written):]:
+            write(final[len(written):])
         return times
 
     def evaluate(self, split: str = "valid", *, stride: int | None = None,

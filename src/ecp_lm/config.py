@@ -392,9 +392,15 @@ def tile_pattern(pattern: str, n_layers: int) -> list[str]:
     return (unit * -(-n_layers // len(unit)))[:n_layers]
 
 
+MAX_REPEAT = 1024
+"""The largest count ``name*k`` a layer pattern takes: far above any depth, and checked before
+the unit is built."""
+
+
 def pattern_unit(pattern: str) -> list[str]:
     """The layers of ``layer_pattern``'s unit, ``a*k,b,...``, one name each (ValueError naming
-    what is malformed). Which names may be layers the hybrid architecture checks."""
+    what is malformed; a count is ASCII digits, 1 .. ``MAX_REPEAT``). Which names may be layers
+    the hybrid architecture checks."""
     unit: list[str] = []
     for part in pattern.split(","):
         name, star, count = (s.strip() for s in part.partition("*"))
@@ -404,11 +410,22 @@ def pattern_unit(pattern: str) -> list[str]:
         if name not in ARCHS:
             raise ValueError(f"layer_pattern={pattern!r} names {name!r}, which is not an "
                              f"architecture ({', '.join(ARCHS)})")
-        if star and not (count.isdigit() and int(count) >= 1):
-            raise ValueError(f"layer_pattern={pattern!r}: {part.strip()!r} repeats its layer by "
-                             f"{count!r}, which is not a positive integer")
+        if star and not (count.isascii() and count.isdigit() and count.strip("0")):
+            raise ValueError(f"layer_pattern={_short(pattern)!r}: {_short(part.strip())!r} "
+                             f"repeats its layer by {_short(count)!r}, which is not a positive "
+                             f"integer (ASCII digits)")
+        # the digits are counted before any number is made of them
+        if star and (len(count.lstrip("0")) > len(str(MAX_REPEAT)) or int(count) > MAX_REPEAT):
+            raise ValueError(f"layer_pattern={_short(pattern)!r}: {_short(part.strip())!r} "
+                             f"repeats its layer {_short(count)} times, more than {MAX_REPEAT}")
         unit += [name] * (int(count) if star else 1)
     return unit
+
+
+def _short(text: str, most: int = 60) -> str:
+    """``text``, or its start and an ellipsis where it is longer than ``most`` characters: a
+    message stays one readable line."""
+    return text if len(text) <= most else f"{text[:most]}…"
 
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",

@@ -139,18 +139,45 @@ def compiled_decode_step(model: LanguageModel) -> Callable[..., Tensor]:
     return step
 
 
-def prefill(model: LanguageModel, rows: list[Tensor]) -> tuple[Tensor, list[Cache]]:
+PREFILL_CHUNK = 4096
+"""Prompt tokens run through the model at once: a longer prompt goes in chunks, each into the
+caches the ones before it filled (exact), with a progress bar, and never holds more than one
+chunk's activations."""
+
+
+def prefill(model: LanguageModel, rows: list[Tensor], progress: bool = False
+            ) -> tuple[Tensor, list[Cache]]:
     """Last-position logits (B, V) of each prompt and the filled caches: one batched prefill
-    where the prompts have one length, else one per prompt, stacked (``stack_caches``)."""
+    where the prompts have one length, else one per prompt, stacked (``stack_caches``).
+    ``progress``: a bar on stderr for a prompt of more than one chunk."""
     if len({r.numel() for r in rows}) == 1:
         caches = model.make_caches(len(rows), rows[0].device)
-        return model.prefill(torch.stack(rows), caches)[:, -1], caches
+        return _prefill(model, torch.stack(rows), caches, progress), caches
     logits, per_row = [], []
     for row in rows:
         caches = model.make_caches(1, row.device)
-        logits.append(model.prefill(row[None], caches)[:, -1])
+        logits.append(_prefill(model, row[None], caches, progress))
         per_row.append(caches)
     return torch.cat(logits), [stack_caches(layer) for layer in zip(*per_row, strict=True)]
+
+
+def _prefill(model: LanguageModel, tokens: Tensor, caches: list[Cache], progress: bool
+             ) -> Tensor:
+    """The logits (B, V) after ``tokens`` (B, T) from position 0, filling empty ``caches``, in
+    chunks of ``PREFILL_CHUNK``."""
+    from ecp_lm.progress import bar
+
+    length = tokens.size(1)
+    with bar(total=length, enabled=progress and length > PREFILL_CHUNK, desc="prompt",
+             unit="tok", unit_scale=True, leave=False) as shown:
+        for start in range(0, length, PREFILL_CHUNK):
+            chunk = tokens[:, start:start + PREFILL_CHUNK]
+            if start == 0:
+                for cache in caches:
+                    cache.start_at(0)
+            hidden = model.hidden_states(chunk, caches, start)
+            shown.update(chunk.size(1))
+    return model.head(hidden[:, -1:])[:, -1]
 
 
 def recompute(model: LanguageModel, rows: list[Tensor]) -> Tensor:
@@ -165,13 +192,14 @@ def recompute(model: LanguageModel, rows: list[Tensor]) -> Tensor:
 @torch.no_grad()
 def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperature: float = 0.0,
            top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-           eos_id: int | None = None, use_cache: bool = True, compile: bool = False
-           ) -> Iterator[tuple[Tensor, Tensor]]:
+           eos_id: int | None = None, use_cache: bool = True, compile: bool = False,
+           progress: bool = False) -> Iterator[tuple[Tensor, Tensor]]:
     """Yields (next tokens (B,), their logits (B, V)) one step at a time. Prompts may differ in
     length (a list of 1-D tensors): each row then continues at its own positions.
 
     ``compile``: the cached decode step runs as one compiled graph (``compiled_decode_step``);
-    the tokens are the same as eager decoding's."""
+    the tokens are the same as eager decoding's. ``progress``: a bar on stderr while a long
+    prompt is prefilled."""
     check_generate_args(model, prompt, max_new_tokens, temperature, top_k, top_p, eos_id)
     prompts = prompt_rows(prompt)
     device = prompts[0].device
@@ -196,7 +224,7 @@ def stream(model: LanguageModel, prompt: Prompt, max_new_tokens: int, temperatur
         if not cached:
             logits = recompute(model, rows())
         elif caches is None:
-            logits, caches = prefill(model, prompts)
+            logits, caches = prefill(model, prompts, progress)
             pos = torch.tensor([p.numel() for p in prompts], device=device)
         else:  # the last token, at each row's next position
             span = None if compile else decode_span(caches)

@@ -246,9 +246,13 @@ def test_sizes_belong_to_the_mixers_that_have_them():
         tiny_config("gated_deltanet", mixer_width=31)
     with pytest.raises(ValueError, match="tied_kv=True .* has no attention"):
         tiny_config("hybrid", layer_pattern="mamba2,rwkv7", tied_kv=True)
-    cfg = tiny_config("mamba2").resolved()
+    cfg = tiny_config("mamba2", seq_len=128).resolved()
     assert (cfg.mixer_width, cfg.state_size, cfg.conv_size, cfg.chunk_size) == (64, 64, 4, 64)
-    assert tiny_config("rwkv7").resolved().chunk_size == 32
+    assert tiny_config("rwkv7", seq_len=128).resolved().chunk_size == 32
+    assert tiny_config("mamba2", seq_len=24).resolved().chunk_size == 24  # one chunk a window
+    with pytest.raises(ValueError, match=r"chunk_size=1000 is longer than the window "
+                                         r"seq_len=32.*set at most 32"):
+        tiny_config("gated_deltanet", chunk_size=1000)
 
 
 # Hybrids --------------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ where an interrupted command's last line starts."""
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import textwrap
 import warnings
@@ -79,6 +80,10 @@ class Parser(argparse.ArgumentParser):
         # the --config on the command line); None: the epilog as given.
         self.help_epilog: Callable[[list[str]], str] | None = None
         self._intermixing = False
+        # A value that starts with a minus and a digit is a value, lists included
+        # (``--split -0.1,0.6,0.5``): its own check then says what is wrong with it, where
+        # argparse would take it for an option and say the option has no value.
+        self._negative_number_matcher = re.compile(r"^-\.?\d[\d.,eE+-]*$")
 
     def format_help(self) -> str:
         if self.help_epilog is not None:

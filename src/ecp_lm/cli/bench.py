@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import platform
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -17,11 +18,17 @@ DECODE_STEPS = 16
 
 
 def _ints(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") \
-            from None
+    """Comma-separated integers in ASCII digits ('' is none); an empty entry between commas,
+    or anything else, is refused naming it."""
+    if not text.strip():
+        return []
+    entries = [x.strip() for x in text.split(",")]
+    bad = next((x for x in entries if not re.fullmatch(r"-?[0-9]+", x)), None)
+    if bad is not None:
+        what = "an empty entry" if not bad else repr(bad)
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r} "
+                                         f"({what})")
+    return [int(x) for x in entries]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -12,6 +12,12 @@ REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl
           "ppl_word_eos", "bytes_scored", "words_scored", "lines_scored", "examples", "accuracy")
 
 
+UNBOUNDED = ("ecp, sliding_window, block_local, s2, mamba2, gated_deltanet, rwkv7, and "
+             "hybrids of them")
+"""The architectures that take inputs of any length, as the help names them (a test holds it
+to the registry's, ``evaluate.scoring.unbounded_text``; the help is built without torch)."""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from ecp_lm.runtime import PRECISIONS
 
@@ -28,8 +34,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "window costs a forward over N tokens")
     parser.add_argument("--seq-len", type=int, metavar="T",
                         help="score with windows of T tokens instead of the run's N (longer "
-                             "than N only for architectures that accept any length: ecp and "
-                             "the local baselines); the default stride becomes "
+                             f"than N only for architectures that accept any length: "
+                             f"{UNBOUNDED}); the default stride becomes "
                              "min(T/2, latent_len), and for T > N it grows with T in the "
                              "run's proportion, min(T/2, latent_len*T/N), so a longer window "
                              "does not multiply the number of windows")
@@ -43,8 +49,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="score the split as one stream through the KV caches instead of "
                              "windows: every target from index 1 on once, with all the context "
                              "before it that the architecture sees, in memory that does not "
-                             "grow with the split (ecp and the local baselines; one stream, "
-                             "so --batch-size does not apply)")
+                             f"grow with the split ({UNBOUNDED}; one stream, so --batch-size "
+                             "does not apply)")
     parser.add_argument("--chunk-len", type=int, metavar="C",
                         help="with --stream: tokens per forward call (default: the run's N)")
     parser.add_argument("--batch-size", type=int, default=16,
@@ -95,7 +101,24 @@ def run(args: argparse.Namespace) -> int:
             value = report[key]
             print(f"  {key:<14} {value:,}" if isinstance(value, int) else
                   f"  {key:<14} {value:.6g}")
+    if (note := word_perplexity_note(report)) is not None:
+        print(note)
     return 0
+
+
+WORD_NOTE_FROM = 1e4
+"""The word perplexity from which ``ecp eval`` says what it is made of."""
+
+
+def word_perplexity_note(report: dict) -> str | None:
+    """For a word perplexity of at least ``WORD_NOTE_FROM`` (a model that still misses most of
+    each word), one line saying how it follows from the token loss; else None."""
+    if report.get("ppl_word", 0.0) < WORD_NOTE_FROM or not report.get("words_scored"):
+        return None
+    per_word = report["tokens_scored"] / report["words_scored"]
+    return (f"  ppl_word is exp(nats per word): here ppl_token^{per_word:.1f}, {per_word:.1f} "
+            f"tokens to a word, so it is huge until a model predicts most of each word; it "
+            f"compares models across tokenizers on the same text")
 
 
 def print_per_position(args: argparse.Namespace, report: dict) -> int:

@@ -32,6 +32,7 @@ from ecp_lm.data.text_source import SPLITS, TextSource
 from ecp_lm.data.tokenizers import (
     Tokenizer,
     check_bpe_vocab_size,
+    count_invalid_bytes,
     count_invalid_utf8,
     load_saved,
     make_tokenizer,
@@ -214,7 +215,29 @@ def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096
                 cache = open_cache(out)
     if (shortfall := vocab_shortfall(cache)) is not None:
         warnings.warn(shortfall, stacklevel=1)
+    if (invalid := invalid_text(cache)) is not None:
+        warnings.warn(invalid, stacklevel=1)
     return cache
+
+
+def invalid_text(cache: TokenCache) -> str | None:
+    """For a cache of one's own text files (the ``text`` source) that are not all UTF-8, one
+    line: how many bytes were invalid in each split and what the tokenizer did with them;
+    else None. Caches written before the count existed say nothing."""
+    manifest = cache.manifest
+    if manifest["source"]["source"] != "text":
+        return None
+    counts = {split: s.get("invalid_bytes", 0) for split, s in manifest["splits"].items()}
+    total = sum(counts.values())
+    if not total:
+        return None
+    each = ", ".join(f"{split} {n:,}" for split, n in counts.items())
+    kind = manifest["tokenizer"]["kind"]
+    done = ("the byte tokenizer keeps each as its own token" if kind == "bytes" else
+            f"the {kind} tokenizer reads each invalid sequence as U+FFFD")
+    return (f"the text is not all UTF-8: {total:,} of its "
+            f"{sum(s['bytes'] for s in manifest['splits'].values()):,} bytes are not ({each}); "
+            f"{done} (cache {cache.path or cache.directory})")
 
 
 def vocab_shortfall(cache: TokenCache) -> str | None:
@@ -261,7 +284,8 @@ def _build(source: TextSource, spec: str, vocab_size: int, request: dict, identi
 
 def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Path,
                   progress: bool) -> dict[str, Any]:
-    counts = {"tokens": 0, "bytes": 0, "words": 0, "lines": 0, "invalid_utf8": 0}
+    counts = {"tokens": 0, "bytes": 0, "words": 0, "lines": 0, "invalid_utf8": 0,
+              "invalid_bytes": 0}
     chunks: list[list[int]] = []  # per chunk: tokens, bytes, words, lines (INDEX_COLUMNS)
     last = b""
     bar = progress_bar(total=source.split_bytes(split), unit="B", unit_scale=True,
@@ -272,6 +296,7 @@ def _encode_split(source: TextSource, split: str, tok: Tokenizer, dtype, tmp: Pa
                 f.write(np.asarray(ids, dtype=dtype).tobytes())
                 chunks.append([len(ids), len(data), len(data.split()), data.count(b"\n")])
                 counts["invalid_utf8"] += count_invalid_utf8(data)
+                counts["invalid_bytes"] += count_invalid_bytes(data)
                 bar.update(len(data))
             last = batch[-1]
     if last and not last.endswith(b"\n"):

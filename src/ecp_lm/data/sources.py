@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import bz2
 import math
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from ecp_lm.data.parquet import has_parquet, open_pg19, open_wikitext103
 from ecp_lm.data.sympy_code import SympyCode
 from ecp_lm.data.text_source import SPLITS, TextSource
 from ecp_lm.fsutil import write_bytes_atomic
+from ecp_lm.outputs import output_kind
 
 
 def _require_dir(path: Path, what: str) -> Path:
@@ -31,8 +33,23 @@ def _require_dir(path: Path, what: str) -> Path:
 
 def _require_file(path: Path, what: str) -> Path:
     if not path.is_file():
-        raise ValueError(f"{what}: file {path} does not exist")
+        raise ValueError(f"{what}: {_not_a_file(path)}")
     return path
+
+
+def _not_a_file(path: Path) -> str:
+    """Why ``path`` is not a regular file one can read whole: what it is instead."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return f"file {path} does not exist"
+    except OSError as err:
+        return f"{path} cannot be read ({err.strerror or err})"
+    kinds = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+             (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"))
+    kind = next((name for test, name in kinds if test(mode)), "not a regular file")
+    return f"{path} is {kind}, not a regular file: give a text file"
 
 
 def _whole(path: Path) -> tuple[Path, int, int]:
@@ -178,6 +195,12 @@ def _expand(path: str | Path) -> list[Path]:
     """A file, or the files below a folder in sorted order."""
     path = Path(path)
     if path.is_dir():
+        found = output_kind(path)  # ecp's own output is no text: its tokens are binary
+        if found is not None:
+            raise ValueError(f"text: {path} is {found[1]}, which ecp wrote, not text files; give "
+                             f"the text itself" + (f" (or data.cache_dir={path} to train on "
+                                                   f"this cache)" if found[0] == "token cache"
+                                                   else ""))
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not files:
             raise ValueError(f"text: folder {path} holds no files")

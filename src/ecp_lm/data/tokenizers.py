@@ -16,6 +16,7 @@ import base64
 import binascii
 import hashlib
 import json
+import re
 from collections.abc import Callable, Iterable
 from functools import cached_property
 from pathlib import Path
@@ -63,6 +64,15 @@ def count_invalid_utf8(data: bytes) -> int:
     return decoded.count("\ufffd") - data.count(b"\xef\xbf\xbd")
 
 
+_ESCAPED = re.compile("[\udc80-\udcff]")
+
+
+def count_invalid_bytes(data: bytes) -> int:
+    """Number of bytes that are not part of valid UTF-8: each is one lone surrogate under
+    ``decode(errors="surrogateescape")``."""
+    return len(_ESCAPED.findall(data.decode("utf-8", errors="surrogateescape")))
+
+
 def _as_text(text: str | bytes) -> str:
     return text.decode("utf-8", errors="replace") if isinstance(text, bytes) else text
 
@@ -85,6 +95,12 @@ class Tokenizer(abc.ABC):
 
     @abc.abstractmethod
     def decode(self, ids: Any) -> str: ...
+
+    def unfinished(self, ids: Any) -> int:
+        """How many of the last characters of ``decode(ids)`` stand for a character whose
+        bytes ``ids`` only begin (0: none): the U+FFFD a cut in the middle of a valid UTF-8
+        character decodes to, rather than bytes that are not UTF-8."""
+        return 0
 
     @property
     @abc.abstractmethod
@@ -119,6 +135,19 @@ class ByteTokenizer(Tokenizer):
 
     def decode(self, ids: Any) -> str:
         return bytes(_as_id_list(ids)).decode("utf-8", errors="replace")
+
+    def unfinished(self, ids: Any) -> int:
+        data = bytes(_as_id_list(ids))
+        for size in range(1, min(3, len(data)) + 1):  # a character's start is 1 to 3 back
+            tail = data[len(data) - size:]
+            if 0x80 <= tail[0] <= 0xBF:  # a continuation byte: the character starts earlier
+                continue
+            try:
+                tail.decode("utf-8")
+            except UnicodeDecodeError as err:  # its bytes so far are right, but too few
+                return int(err.start == 0 and err.reason == "unexpected end of data")
+            return 0
+        return 0
 
     @property
     def identity(self) -> str:

@@ -11,7 +11,7 @@ Transformer-XL's and kNN-LM's perplexities count) and the counts behind them (by
 words_scored, lines_scored).
 
 The window may be longer than the run's N (``seq_len``) for architectures that accept any input
-length (``model.arch.max_len is None``: ecp and the local baselines); the default stride then
+length (``model.arch.max_len is None``: ``unbounded_archs``); the default stride then
 grows with the window in the run's proportion, min(T/2, l·T/N), so that a window T scores about
 as many windows as N does rather than T/N times as many, each T/N times as long. Every other
 architecture scores windows of at most its N.
@@ -42,13 +42,13 @@ from ecp_lm.progress import bar
 
 
 def default_stride(seq_len: int, latent_len: int, trained_len: int | None = None) -> int:
-    """SPEC §6's default stride for windows of ``seq_len`` tokens: min(N/2, l). A window T
-    longer than the run's own N (``trained_len``) scales l with it, min(T/2, l·T/N): the
+    """SPEC §6's default stride for windows of ``seq_len`` tokens: min(N/2, l), at least 1. A
+    window T longer than the run's own N (``trained_len``) scales l with it, min(T/2, l·T/N): the
     stride keeps its share of the window (half of it for l = N/2), so the number of windows,
     each T tokens through the model, does not grow with T."""
     if trained_len is not None and seq_len > trained_len:
         latent_len = latent_len * seq_len // trained_len
-    return min(seq_len // 2, latent_len)
+    return max(1, min(seq_len // 2, latent_len))  # a window of one token moves by one
 
 
 def window_plan(num_tokens: int, seq_len: int, stride: int) -> str:
@@ -190,8 +190,24 @@ def window_length(model: nn.Module, seq_len: int | None = None) -> int:
     if limit is not None and seq_len > limit:
         raise ValueError(f"seq_len={seq_len}: arch={model.cfg.arch!r} scores windows of at most "
                          f"{limit} tokens (its training seq_len); only architectures without a "
-                         f"length limit take longer windows")
+                         f"length limit take longer windows ({unbounded_text()})")
     return seq_len
+
+
+def unbounded_archs() -> list[str]:
+    """The architectures that take inputs of any length (``max_len`` None), hence windows
+    longer than N and one stream through their caches, in ``ARCHS``' order; a hybrid does
+    where none of its layers is a transformer layer."""
+    from ecp_lm.config import ARCHS, ModelConfig
+    from ecp_lm.model.archs import architecture
+
+    return [name for name in ARCHS
+            if architecture(name)(ModelConfig(arch=name).resolved()).max_len is None]
+
+
+def unbounded_text() -> str:
+    """``unbounded_archs`` as the messages name them."""
+    return f"{', '.join(unbounded_archs())}, and hybrids of them"
 
 
 def check_streamable(model: nn.Module) -> None:
@@ -202,7 +218,7 @@ def check_streamable(model: nn.Module) -> None:
         raise ValueError(f"arch={arch!r} cannot score a stream: it reads windows of at most "
                          f"{limit} tokens (its training seq_len), so no target sees context "
                          f"beyond one; stream scoring is for architectures without a length "
-                         f"limit (ecp and the local baselines)")
+                         f"limit ({unbounded_text()})")
     if model.arch.cache_capacity is None or model.cfg.num_classes is not None:
         raise ValueError(f"arch={arch!r} cannot score a stream: this model has no decoding "
                          f"cache (a classifier, or an architecture that recomputes its window)")

@@ -279,12 +279,18 @@ def has_checkpoint(out_dir: Path) -> bool:
     return current_version(out_dir / "latest").exists()
 
 
-def with_resolved_paths(cfg: RunConfig) -> RunConfig:
+def with_resolved_paths(cfg: RunConfig, real: bool = False) -> RunConfig:
     """``cfg`` with its data paths (``data.path``, ``data.cache_dir``, a tokenizer file) made
-    absolute, as a run stores them: ``ecp eval`` of the run then works from any folder. An
-    ``hf:`` location is no path and stays as it is."""
+    absolute, as a run stores them: ``ecp eval`` of the run then works from any folder. A
+    symbolic link stays one (a token cache's folder is a link to its current version, which a
+    rebuild replaces); ``real`` follows every link, for comparing two configs. An ``hf:``
+    location is no path and stays as it is."""
     data = cfg.data
-    changes = {name: str(Path(value).resolve()) for name, value in (
+
+    def absolute(value: str) -> str:
+        return str(Path(value).resolve()) if real else os.path.abspath(value)
+
+    changes = {name: absolute(value) for name, value in (
         ("path", data.path), ("cache_dir", data.cache_dir),
         ("tokenizer", data.tokenizer if data.tokenizer not in ("bytes", "bpe") else None))
         if value is not None and not is_hub(value)}
@@ -294,7 +300,9 @@ def with_resolved_paths(cfg: RunConfig) -> RunConfig:
 
 
 def _check_unchanged(old: RunConfig, new: RunConfig, out_dir: Path) -> None:
-    old = with_resolved_paths(old)  # a run of an earlier release may hold relative paths
+    # A run of an earlier release may hold relative paths, or a cache's version folder where
+    # this one holds the link to it: the places are compared, not the names.
+    old, new = with_resolved_paths(old, real=True), with_resolved_paths(new, real=True)
     for section in ("model", "data"):
         before, after = getattr(old, section), getattr(new, section)
         if section == "model":  # sizes an earlier release wrote out equal the derived ones

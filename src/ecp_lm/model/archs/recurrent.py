@@ -98,7 +98,9 @@ class Recurrent(Architecture):
 
     @classmethod
     def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
-        return {"chunk_size": cls.default_chunk} if cfg.chunk_size is None else {}
+        # A window shorter than the default chunk is one chunk.
+        return {} if cfg.chunk_size is not None else {
+            "chunk_size": min(cls.default_chunk, cfg.seq_len)}
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
@@ -107,6 +109,10 @@ class Recurrent(Architecture):
             raise ValueError(f"arch={cfg.arch!r} is a recurrent mixer, which has no "
                              f"attn_impl={cfg.attn_impl!r} kernel; its kernels: "
                              f"{', '.join(choices)} (reference: the token-by-token recurrence)")
+        if cfg.chunk_size > cfg.seq_len:
+            raise ValueError(f"chunk_size={cfg.chunk_size} is longer than the window "
+                             f"seq_len={cfg.seq_len}: a training window would never fill one "
+                             f"chunk; set at most {cfg.seq_len} (or leave it unset)")
 
     def mixer(self, cfg: ArchConfig, layer: int) -> nn.Module:
         """The token mixer of layer ``layer``, in place of attention."""
