@@ -9,13 +9,16 @@
 
 Each function runs the code its command runs, with the same checks and the same messages (as
 ``ValueError``), so a run trained here is one ``ecp eval`` and ``ecp generate`` accept, with the
-same numbers and text, and the other way round.
+same numbers and text, and the other way round. A value a command line could not give (a float
+or a bool for an integer, a number or a list for a path, a str for a flag) is a ``ValueError``
+naming the argument and the value too, raised before anything is read or written.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -47,10 +50,24 @@ def prepare(source: str, *, path: PathLike | Sequence[PathLike] | None = None,
     ``path``: ``"0.9,0.05,0.05"`` or three numbers), ``train``/``valid``/``test`` (text: one
     file or folder per split), ``variant`` (wikitext103), ``force`` (rebuild), ``quiet`` (no
     progress bars). An existing cache of the same source and tokenizer is reused."""
-    from ecp_lm.data.prepare import prepare_data
+    from ecp_lm.data.prepare import DEFAULT_SPLIT, prepare_data
 
     paths = [] if path is None else [path] if isinstance(path, (str, os.PathLike)) else path
+    if not isinstance(paths, (list, tuple)):
+        raise ValueError(f"path={path!r} is neither a path (a str or os.PathLike) nor a list of "
+                         f"paths")
+    for given in paths:
+        check_path(given, "path")
+    for name, value in (("train", train), ("valid", valid), ("test", test), ("out", out)):
+        check_path(value, name, none=True)
+    for name, value in (("tokenizer", tokenizer), ("variant", variant)):
+        check_str(value, name, none=True)
+    check_flag(force, "force")
+    check_flag(quiet, "quiet")
     if split is not None and not isinstance(split, str):
+        if not isinstance(split, (list, tuple)):
+            raise ValueError(f"split={split!r} is neither a str (\"{DEFAULT_SPLIT}\") nor a "
+                             f"sequence of three fractions")
         split = ",".join(str(f) for f in split)
     files = {s: f for s, f in (("train", train), ("valid", valid), ("test", test))
              if f is not None}
@@ -81,11 +98,20 @@ def train(config: str | PathLike | RunConfig | None = None, *, out: PathLike,
     interruption would (resumable), ``quiet`` turns the progress bars off."""
     import torch
 
+    from ecp_lm.data.prepare import check_text_paths
+    from ecp_lm.data.tokenizers import check_tokenizer_spec
     from ecp_lm.runtime import resolve_device
     from ecp_lm.training.loop import train as train_loop
 
+    check_path(out, "out")
+    for name, value in (("resume", resume), ("force", force), ("quiet", quiet)):
+        check_flag(value, name)
+    stop_at = check_int(stop_at, "stop_at", 0, none=True)
     cfg = run_config(config, overrides, fields, out=out, resume=resume)
     resolve_device(cfg.train.device, "train.device")
+    check_tokenizer_spec(cfg.data.tokenizer, "data.tokenizer")
+    if cfg.data.source == "text" and cfg.data.path is not None:
+        check_text_paths([("data.path", cfg.data.path)])
     callers = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         train_loop(cfg, out, resume=resume, progress=not quiet, stop_at=stop_at, force=force)
@@ -105,6 +131,9 @@ def run_config(config: str | PathLike | RunConfig | None = None, overrides: Sequ
     from ecp_lm.config import saved_fields
     from ecp_lm.run.config import RUN_PRESETS, RunConfig, is_override, read_yaml
 
+    if isinstance(overrides, str) or not isinstance(overrides, Sequence):
+        raise ValueError(f"overrides={overrides!r} is not a list of section.key=value strings "
+                         f"(e.g. [\"model.d_model=128\"])")
     overrides = list(overrides)
     bad = [o for o in overrides if not isinstance(o, str) or not is_override(o)]
     if bad:
@@ -130,7 +159,7 @@ def run_config(config: str | PathLike | RunConfig | None = None, overrides: Sequ
     elif str(config) in RUN_PRESETS:
         data = RUN_PRESETS[str(config)]
     else:
-        data = read_yaml(str(config))
+        data = read_yaml(str(config), None if saved else "--config")
         if saved and isinstance(data.get("model"), dict):
             data = {**data, "model": saved_fields(data["model"])}
     data = {name: dict(section or {}) for name, section in data.items()}
@@ -177,6 +206,8 @@ def load(path: PathLike, *, device: str = "cpu") -> Run:
     from ecp_lm.run.checkpoint import read_checkpoint
     from ecp_lm.runtime import resolve_device
 
+    check_path(path, "path")
+    check_str(device, "device")
     target = resolve_device(device, "device")
     ckpt = read_checkpoint(path)
     tokenizer = ckpt.tokenizer()
@@ -219,8 +250,9 @@ class Run:
                  eos: str | None = None, use_cache: bool = True, compile: bool = False,
                  precision: str | None = None) -> str:
         """The continuation of ``prompt``: the text ``ecp generate`` prints after the prompt
-        for the same options (its defaults too). ``eos`` stops at that text (one token);
-        ``precision`` defaults to the run's ``train.precision``."""
+        for the same options (its defaults too). ``max_new_tokens`` is at least 1; ``eos``
+        stops at that text (one token); ``precision`` defaults to the run's
+        ``train.precision``."""
         request = self.generation_request(prompt, max_new_tokens, temperature, top_k, top_p,
                                           seed, eos, use_cache, compile, precision)
         pieces: list[str] = []
@@ -239,6 +271,15 @@ class Run:
         from ecp_lm.generation import check_generate_args, prompt_kept
         from ecp_lm.runtime import resolve_precision
 
+        max_new_tokens = check_int(max_new_tokens, "max_new_tokens", 1)
+        seed = check_int(seed, "seed", none=True)
+        if seed is not None and not -(1 << 63) <= seed < 1 << 64:
+            raise ValueError(f"seed={seed} is outside the seeds of torch.Generator, "
+                             f"-2**63 .. 2**64 - 1")
+        check_str(eos, "eos", none=True)
+        check_flag(use_cache, "use_cache")
+        check_flag(compile, "compile")
+        check_str(precision, "precision", none=True)
         if compile and not use_cache:
             raise ValueError("--compile compiles the cached decode step: it cannot be combined "
                              "with --no-cache")
@@ -310,6 +351,17 @@ class Run:
         ``ecp eval``'s other two reports."""
         from ecp_lm.evaluate.checkpoints import checkpoint_report
 
+        # the types here; the ranges where ecp eval checks them, with its messages
+        stride, seq_len, max_tokens, chunk_len = (
+            check_int(value, name, none=True) for name, value in (
+                ("stride", stride), ("seq_len", seq_len), ("max_tokens", max_tokens),
+                ("chunk_len", chunk_len)))
+        batch_size = check_int(batch_size, "batch_size")
+        for name, value in (("device", device), ("precision", precision)):
+            check_str(value, name, none=True)
+        check_path(data_path, "data_path", none=True)
+        for name, value in (("stream", stream), ("per_position", per_position), ("quiet", quiet)):
+            check_flag(value, name)
         return checkpoint_report(
             self.checkpoint, split, stride=stride, seq_len=seq_len, batch_size=batch_size,
             max_tokens=max_tokens, device=str(self.device) if device is None else device,
@@ -328,3 +380,43 @@ def eos_token(text: str | None, tokenizer: Tokenizer, vocab_size: int) -> int | 
         raise ValueError(f"--eos {text!r} is token {int(eos[0])}, outside the model's "
                          f"vocabulary 0..{vocab_size - 1}")
     return int(eos[0])
+
+
+def check_int(value: Any, name: str, low: int | None = None, *,
+              none: bool = False) -> int | None:
+    """``value`` as an int (numpy's integers too); ValueError naming ``name`` and ``value``
+    unless it is an integer (a bool is not one) of at least ``low`` (None: any), or None where
+    ``none``."""
+    if value is None and none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
+            or (low is not None and value < low):
+        at_least = "" if low is None else f" >= {low}"
+        raise ValueError(f"{name}={value!r} must be an integer{at_least}"
+                         f"{' or None' if none else ''}")
+    return int(value)
+
+
+def check_flag(value: Any, name: str) -> None:
+    """ValueError naming ``name`` and ``value`` unless ``value`` is True or False."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name}={value!r} must be True or False")
+
+
+def check_str(value: Any, name: str, *, none: bool = False) -> None:
+    """ValueError naming ``name`` and ``value`` unless ``value`` is a str (or None where
+    ``none``)."""
+    if not (isinstance(value, str) or (value is None and none)):
+        raise ValueError(f"{name}={value!r} is not a str{' or None' if none else ''}")
+
+
+def check_path(value: Any, name: str, *, none: bool = False) -> None:
+    """ValueError naming ``name`` and ``value`` unless ``value`` is a path: a str or an
+    ``os.PathLike``, not empty (or None where ``none``)."""
+    if value is None and none:
+        return
+    if not isinstance(value, (str, os.PathLike)):
+        raise ValueError(f"{name}={value!r} is not a path (a str or os.PathLike)"
+                         f"{' or None' if none else ''}")
+    if os.fspath(value) in ("", b""):
+        raise ValueError(f"{name}={value!r} is an empty path")

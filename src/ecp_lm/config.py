@@ -38,6 +38,8 @@ looked up in its ``REGISTRY`` (which holds these, and any architecture registere
 HYBRID = "hybrid"
 """``arch`` of a model whose layers follow ``layer_pattern``, each an architecture of its own."""
 
+MAX_VOCAB = 1 << 32
+"""The most token ids a model may have: a token cache stores ids as 32-bit unsigned integers."""
 ROPE_MODES = ("all", "first", "none")
 GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
@@ -155,6 +157,9 @@ class ModelConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        if self.vocab_size > MAX_VOCAB:
+            raise ValueError(f"vocab_size={self.vocab_size:,} is more than {MAX_VOCAB:,} token "
+                             f"ids, the most a token cache stores")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")

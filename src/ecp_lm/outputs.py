@@ -141,6 +141,9 @@ def check_replace(out: str | Path, kind: Kind, option: str | None = "--out") -> 
     if found is None and out.is_dir() and not out.is_symlink() and any(out.iterdir()):
         raise ValueError(f"{named} holds {describe_entries(out)}, which is not "
                          f"{kind.describe()} ecp wrote; refusing to replace it (choose {other})")
+    if out.exists() and not out.is_dir() and not out.is_symlink():
+        raise ValueError(f"{named} is a file, not a folder; refusing to replace it (choose "
+                         f"{other})")
     check_replaceable(out, kind.holds)
     check_parents(out, option or "the folder")
     return out

@@ -240,6 +240,18 @@ def check_bpe_vocab_size(vocab_size: int, setting: str = "vocab_size") -> None:
                          f"alphabet and one merge) to {MAX_BPE_VOCAB:,}")
 
 
+def check_tokenizer_spec(spec: str, setting: str = "tokenizer") -> None:
+    """ValueError unless ``spec`` is ``bytes``, ``bpe``, an ``hf:`` location or a path that
+    exists (a tokenizer file, or a folder holding one: ``load_tokenizer_file`` reads it).
+    ``setting`` is what the message calls it: a config key (``data.tokenizer=...``) or an option
+    (``--tokenizer ...``)."""
+    if spec in ("bytes", "bpe") or is_hub(spec) or Path(spec).exists():
+        return
+    given = f"{setting} {spec}" if setting.startswith("-") else f"{setting}={spec!r}"
+    raise ValueError(f"{given}: no such tokenizer file; give bytes, bpe, a tokenizer.json or "
+                     f".tiktoken file, or hf:REPO")
+
+
 def train_bpe(texts: Iterable[str], vocab_size: int, show_progress: bool = False) -> HFTokenizer:
     """Byte-level BPE (GPT-2 style, no special tokens); deterministic for the same input. Its
     vocabulary is ``vocab_size``, or less when the texts have fewer pairs to merge (every merge

@@ -229,7 +229,7 @@ class RunConfig:
         (``config.saved_fields``); a file a user wrote is read as written now."""
         if preset_or_path in RUN_PRESETS:
             return cls.from_dict(RUN_PRESETS[preset_or_path], overrides)
-        data = read_yaml(preset_or_path)
+        data = read_yaml(preset_or_path, None if saved else "--config")
         if saved and isinstance(data.get("model"), dict):
             data = {**data, "model": saved_fields(data["model"])}
         if overrides:
@@ -243,13 +243,14 @@ class RunConfig:
 SECTION_TYPES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig}
 
 
-def read_yaml(preset_or_path: str) -> dict[str, Any]:
-    """The sections of a run config file, checked to be mappings; every error names the file."""
+def read_yaml(preset_or_path: str, setting: str | None = "--config") -> dict[str, Any]:
+    """The sections of a run config file, checked to be mappings; every error names the file,
+    after ``setting`` (the option that gave it; None for a file a run wrote)."""
     path = Path(preset_or_path)
     if not path.is_file():
         raise ValueError(f"--config {preset_or_path!r} is neither a preset "
                          f"({', '.join(RUN_PRESETS)}) nor a YAML file")
-    return read_yaml_mapping(path, None, "a mapping with model/data/train sections")
+    return read_yaml_mapping(path, setting, "a mapping with model/data/train sections")
 
 
 def is_override(item: str) -> bool:
