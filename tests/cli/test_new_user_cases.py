@@ -157,6 +157,19 @@ def test_text_that_is_not_utf8_is_read_with_one_warning_even_when_quiet(tmp_path
     assert sum(s["invalid_bytes"] for s in cache.manifest["splits"].values()) == expected
 
 
+def test_training_and_scoring_on_text_that_is_not_utf8_warn_too(run, tmp_path, capsys):
+    corpus = invalid_text(tmp_path / "latin1.txt")
+    for argv in (["train", "--config", run / "run.yaml", "--out", tmp_path / "r", "--quiet",
+                  f"data.path={corpus}", f"data.cache_dir={tmp_path / 'cache'}",
+                  "train.steps=1"],
+                 ["eval", "--ckpt", run / "run", "--data-path", corpus, "--quiet",
+                  "--max-tokens", "100"]):
+        assert main([str(a) for a in argv]) == 0
+        warned = [line for line in capsys.readouterr().err.splitlines()
+                  if line.startswith("ecp: warning:")]
+        assert len(warned) == 1 and "the text is not all UTF-8" in warned[0], warned
+
+
 def test_utf8_text_gets_no_warning(tmp_path, capsys):
     corpus = write_corpus(tmp_path / "c.txt")
     assert main(["data", "prepare", "text", "--path", str(corpus), "--out",
@@ -291,3 +304,25 @@ def test_help_docs_and_messages_name_the_architectures_the_registry_lets_through
 
     with pytest.raises(ValueError, match=re.escape(unbounded_text())):
         check_streamable(refused)
+
+
+# Resuming the new architectures with another config ------------------------------------------
+
+@pytest.mark.parametrize("arch, first, changed, key", [
+    ("mamba2", [], ["model.state_size=8"], "state_size"),
+    ("rwkv7", [], ["model.chunk_size=8"], "chunk_size"),
+    ("hybrid", ["model.layer_pattern=mamba2,ecp"], ["model.layer_pattern=ecp,mamba2"],
+     "layer_pattern")])
+def test_resuming_a_recurrent_run_with_another_model_is_refused(tmp_path, capsys, arch, first,
+                                                                changed, key):
+    cfg = tiny_run_config(tmp_path, arch, first, steps=4)
+    cfg.to_yaml(tmp_path / "run.yaml")
+    assert main(["train", "--config", str(tmp_path / "run.yaml"), "--out", str(tmp_path / "r"),
+                 "--quiet", "--stop-at", "2"]) == 0
+    capsys.readouterr()
+    one_line_error(capsys, ["train", "--config", tmp_path / "run.yaml", "--out", tmp_path / "r",
+                            "--quiet", "--resume", *changed],
+                   "--resume with a changed model config", key)
+    from ecp_lm.run.checkpoint import read_checkpoint
+
+    assert read_checkpoint(tmp_path / "r" / "latest").meta["step"] == 2
