@@ -20,7 +20,8 @@ import subprocess
 import sys
 import time
 
-import test_interrupts as runs  # the SIGINT/SIGKILL tests' run, instants and checks
+import interrupting
+import test_interrupts as runs  # the SIGINT/SIGKILL tests' run and checks
 
 THREADS = "2"  # OpenMP loops split in two, as on any machine with more than one core
 LOAD = """
@@ -52,21 +53,21 @@ def start(config_path, out):
 
 
 def kill_until_done(config_path, out, instants) -> int:
-    """Start the run, SIGKILL it at each instant (``runs.random_instants``), then run it to the
-    end; how many attempts the kill stopped."""
+    """Start the run, SIGKILL it at each instant (``interrupting.random_instants``), then run
+    it to the end; how many attempts the kill stopped."""
     killed = 0
     for step, delay in instants:
         proc = start(config_path, out)
-        runs.wait_until_python_runs(proc)
+        interrupting.wait_until_python_runs(proc)
         deadline = time.monotonic() + 120
-        while step is not None and proc.poll() is None and runs.logged_step(out) < step \
+        while step is not None and proc.poll() is None and interrupting.logged_step(out) < step \
                 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(delay)
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=600)
         killed += proc.returncode == -signal.SIGKILL
-        runs.best_within_latest(out)
+        interrupting.best_within_latest(out)
     proc = start(config_path, out)
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err
@@ -79,7 +80,7 @@ def test_sigkill_under_load_resumes_bit_exactly(tmp_path):
     load = subprocess.Popen([sys.executable, "-c", LOAD, str(counter)])
     try:
         reference = start(config_path, tmp_path / "reference")  # under the same load
-        instants = runs.random_instants(4, [None, 7, 15, 22])
+        instants = interrupting.random_instants(4, [None, 7, 15, 22])
         killed = kill_until_done(config_path, tmp_path / "killed", instants)
         _, err = reference.communicate(timeout=300)
         assert reference.returncode == 0, err
