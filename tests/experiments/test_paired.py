@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from ecp_lm.experiments.evidence4.paired import Paired, holm, t_central, t_critical
+from ecp_lm.experiments.evidence4.paired import Paired, holm
+from ecp_lm.studies.stats import t_central, t_critical
 
 # Two-sided 95% and 99% multipliers from a printed t table.
 TABLE = {(1, 0.95): 12.706, (2, 0.95): 4.303, (4, 0.95): 2.776, (9, 0.95): 2.262,

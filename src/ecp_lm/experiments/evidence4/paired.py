@@ -14,8 +14,7 @@ step is a function of the seed and the step: ``data.batches``), so seed ``s`` of
 - **five seeds**: a margin within twice the seeds' spread (the larger of the two models'
   standard deviations over the seeds) is flagged until it rests on five seeds.
 
-Student's t distribution is computed here in closed form for integer degrees of freedom
-(Abramowitz and Stegun 26.7.3–4), so no statistics package is needed.
+Student's t distribution is ``studies.stats``'.
 """
 
 from __future__ import annotations
@@ -24,54 +23,10 @@ import math
 import statistics
 from dataclasses import dataclass
 
+from ecp_lm.studies.stats import t_critical, t_two_sided_p
+
 ALPHA = 0.05
 FIVE_SEEDS = 5
-
-
-def t_central(t: float, df: int) -> float:
-    """P(|T| ≤ t) for Student's t with ``df`` (a positive integer) degrees of freedom."""
-    if df < 1 or int(df) != df:
-        raise ValueError(f"degrees of freedom {df} must be a positive integer")
-    if t <= 0:
-        return 0.0
-    if math.isinf(t):
-        return 1.0
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2:  # odd: (2/π)(θ + sin θ cos θ (1 + 2/3 cos²θ + (2·4)/(3·5) cos⁴θ + …))
-        if df == 1:
-            return 2 * theta / math.pi
-        term, total = 1.0, 1.0
-        for j in range(1, (df - 1) // 2):
-            term *= c2 * (2 * j) / (2 * j + 1)
-            total += term
-        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
-    term, total = 1.0, 1.0  # even: sin θ (1 + 1/2 cos²θ + (1·3)/(2·4) cos⁴θ + …)
-    for j in range(1, df // 2):
-        term *= c2 * (2 * j - 1) / (2 * j)
-        total += term
-    return math.sin(theta) * total
-
-
-def t_two_sided_p(t: float, df: int) -> float:
-    """The two-sided p-value of a t statistic."""
-    return max(0.0, 1.0 - t_central(abs(t), df))
-
-
-def t_critical(level: float, df: int) -> float:
-    """The t with P(|T| ≤ t) = ``level`` (a two-sided interval's multiplier), by bisection."""
-    if not 0 < level < 1:
-        raise ValueError(f"confidence level {level} must lie strictly between 0 and 1")
-    lo, hi = 0.0, 1.0
-    while t_central(hi, df) < level:
-        lo, hi = hi, hi * 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        if t_central(mid, df) < level:
-            lo = mid
-        else:
-            hi = mid
-    return (lo + hi) / 2
 
 
 @dataclass(frozen=True)

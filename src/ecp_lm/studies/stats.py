@@ -1,0 +1,251 @@
+"""The statistics of a study: one additive model per (stage, point), contrasts with Student-t
+intervals on its pooled degrees of freedom, Holm over a declared primary family, and a
+bootstrap over documents and seeds.
+
+**The model.** At one point of one stage every model ran with the same seeds, and two models
+trained with the same seed see the same batches in the same order. So a measurement y of model
+i with seed s is fitted as
+
+    y_is = μ_i + β_s + ε_is,   ε_is independent, one variance σ² for every model,
+
+by least squares over all the models and seeds of the point at once (``fit``). The seed effect
+β_s takes out what a seed's batches do to every model alike; σ² is pooled over every model's
+residuals, on n − (models + seeds − 1) degrees of freedom, where a paired comparison of two
+models has only seeds − 1. A contrast μ_a − μ_b (``Fit.contrast``) is then estimated with
+standard error σ·√(cᵀ(XᵀX)⁻¹c); with every model at the same seeds (as a study runs them) it
+is the difference of the two models' means over the seeds, and its standard error
+σ·√(2/seeds).
+
+**Families.** A study declares its primary comparisons before it runs (at most
+``MAX_PRIMARY``). Holm's step-down procedure runs over those alone: sorted by p-value, the k-th
+of m is tested at α / (m − k + 1), stopping at the first that fails; each primary interval is
+drawn at the level its step used, so it excludes zero exactly where the comparison is called.
+Every other comparison is secondary: an unadjusted 95% interval, never a call.
+
+**Documents.** Where per-document losses are stored, ``bootstrap`` resamples documents and
+seeds together (the same documents for every model, as they were scored) and reports the
+percentile interval of the contrast beside the model's.
+
+Student's t distribution is computed in closed form for integer degrees of freedom
+(Abramowitz and Stegun 26.7.3–4), so no statistics package is needed.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ALPHA = 0.05
+MAX_PRIMARY = 10
+"""The most comparisons a primary family may hold."""
+
+
+# Student's t ------------------------------------------------------------------------------------
+
+def t_central(t: float, df: int) -> float:
+    """P(|T| ≤ t) for Student's t with ``df`` (a positive integer) degrees of freedom."""
+    if df < 1 or int(df) != df:
+        raise ValueError(f"degrees of freedom {df} must be a positive integer")
+    if t <= 0:
+        return 0.0
+    if math.isinf(t):
+        return 1.0
+    theta = math.atan(t / math.sqrt(df))
+    c2 = math.cos(theta) ** 2
+    if df % 2:  # odd: (2/π)(θ + sin θ cos θ (1 + 2/3 cos²θ + (2·4)/(3·5) cos⁴θ + …))
+        if df == 1:
+            return 2 * theta / math.pi
+        term, total = 1.0, 1.0
+        for j in range(1, (df - 1) // 2):
+            term *= c2 * (2 * j) / (2 * j + 1)
+            total += term
+        return 2 / math.pi * (theta + math.sin(theta) * math.cos(theta) * total)
+    term, total = 1.0, 1.0  # even: sin θ (1 + 1/2 cos²θ + (1·3)/(2·4) cos⁴θ + …)
+    for j in range(1, df // 2):
+        term *= c2 * (2 * j - 1) / (2 * j)
+        total += term
+    return math.sin(theta) * total
+
+
+def t_two_sided_p(t: float, df: int) -> float:
+    """The two-sided p-value of a t statistic."""
+    return max(0.0, 1.0 - t_central(abs(t), df))
+
+
+def t_critical(level: float, df: int) -> float:
+    """The t with P(|T| ≤ t) = ``level`` (a two-sided interval's multiplier), by bisection."""
+    if not 0 < level < 1:
+        raise ValueError(f"confidence level {level} must lie strictly between 0 and 1")
+    lo, hi = 0.0, 1.0
+    while t_central(hi, df) < level:
+        lo, hi = hi, hi * 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if t_central(mid, df) < level:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+# The additive model -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Fit:
+    """Least squares of y = μ_model + β_seed over one point's measurements (module docstring)."""
+
+    models: tuple[str, ...]
+    seeds: tuple[Hashable, ...]
+    coefficients: np.ndarray
+    """μ for each model, then β for each seed but the first (the first's β is 0)."""
+    unscaled: np.ndarray
+    """(XᵀX)⁻¹: the coefficients' covariance is σ² times it."""
+    residual_variance: float
+    df: int
+    residuals: dict[tuple[str, Hashable], float] = field(repr=False)
+
+    def contrast(self, a: str, b: str) -> tuple[float, float]:
+        """(estimate, standard error) of μ_a − μ_b."""
+        c = np.zeros(len(self.coefficients))
+        c[self.models.index(a)], c[self.models.index(b)] = 1.0, -1.0
+        return float(c @ self.coefficients), math.sqrt(self.residual_variance
+                                                       * float(c @ self.unscaled @ c))
+
+
+def fit(values: Mapping[tuple[str, Hashable], float]) -> Fit:
+    """The additive model of ``values``, {(model, seed): measurement}. A study gives every
+    model the same seeds; a point where some model has fewer is fitted too (least squares over
+    what was measured), as long as every model shares a seed with another and residual
+    degrees of freedom are left (ValueError otherwise)."""
+    if not values:
+        raise ValueError("no measurements to fit")
+    models = tuple(dict.fromkeys(m for m, _ in values))
+    seeds = tuple(sorted(dict.fromkeys(s for _, s in values), key=str))
+    n, width = len(values), len(models) + len(seeds) - 1
+    df = n - width
+    if df < 1:
+        raise ValueError(f"{len(models)} model(s) × {len(seeds)} seed(s) leave no residual "
+                         f"degrees of freedom: give every model two seeds or more")
+    keys = list(values)
+    x = np.zeros((n, width))
+    for row, (model, seed) in enumerate(keys):
+        x[row, models.index(model)] = 1.0
+        if seed != seeds[0]:
+            x[row, len(models) + seeds.index(seed) - 1] = 1.0
+    y = np.array([float(values[k]) for k in keys])
+    if np.linalg.matrix_rank(x) < width:
+        raise ValueError(f"models {list(models)} and seeds {list(seeds)} do not connect: some "
+                         f"model shares no seed with the others")
+    unscaled = np.linalg.inv(x.T @ x)
+    coefficients = unscaled @ x.T @ y
+    residual = y - x @ coefficients
+    variance = float(residual @ residual) / df
+    return Fit(models, seeds, coefficients, unscaled, variance, df,
+               {k: float(r) for k, r in zip(keys, residual, strict=True)})
+
+
+# Comparisons and families -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Comparison:
+    """A contrast μ_a − μ_b at one (stage, point), declared ``primary`` or not."""
+
+    stage: str
+    point: str
+    a: str
+    b: str
+    metric: str
+    primary: bool = False
+
+
+def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Comparison],
+            alpha: float = ALPHA) -> list[dict]:
+    """Each comparison's estimate, interval, degrees of freedom, p-value and call, as the
+    verdict file holds them (``verdict_file``): the primary ones under Holm over the primary
+    family at ``alpha`` (at most ``MAX_PRIMARY``), the others at an unadjusted 1 − ``alpha``,
+    never called."""
+    primary = [c for c in comparisons if c.primary]
+    if len(primary) > MAX_PRIMARY:
+        raise ValueError(f"{len(primary)} primary comparisons; a primary family holds at most "
+                         f"{MAX_PRIMARY}")
+    rows = []
+    for c in comparisons:
+        f = fits[c.stage, c.point]
+        estimate, se = f.contrast(c.a, c.b)
+        t = estimate / se if se > 0 else math.copysign(math.inf, estimate or 1.0)
+        rows.append({"stage": c.stage, "point": c.point, "a": c.a, "b": c.b,
+                     "metric": c.metric, "family": "primary" if c.primary else "secondary",
+                     "estimate": estimate, "se": se, "df": f.df,
+                     "p": t_two_sided_p(t, f.df) if se > 0 else 0.0})
+    order = sorted((i for i, c in enumerate(comparisons) if c.primary),
+                   key=lambda i: rows[i]["p"])
+    failed_at = None  # the α of the step that failed: every later interval is drawn at it
+    for k, i in enumerate(order):
+        step_alpha = alpha / (len(order) - k) if failed_at is None else failed_at
+        if failed_at is None and rows[i]["p"] > step_alpha:
+            failed_at = step_alpha
+        rows[i].update(level=1 - step_alpha, called=failed_at is None)
+    for i, c in enumerate(comparisons):
+        if not c.primary:
+            rows[i].update(level=1 - alpha, called=False)
+    for row in rows:
+        half = t_critical(row["level"], row["df"]) * row["se"]
+        row.update(low=row["estimate"] - half, high=row["estimate"] + half)
+    return rows
+
+
+# Documents and seeds ------------------------------------------------------------------------------
+
+def bootstrap(per_document: Mapping[tuple[str, Hashable], Sequence[float]], a: str, b: str,
+              samples: int = 2000, level: float = 1 - ALPHA, seed: int = 0
+              ) -> tuple[float, float]:
+    """The percentile interval of mean(a) − mean(b) when documents and seeds are resampled
+    together: each draw takes the seeds with replacement, and for each drawn seed the
+    documents with replacement (the same documents for both models), and averages the
+    per-document losses over them. ``per_document``: {(model, seed): losses in one document
+    order, the same for every key}."""
+    seeds = sorted({s for m, s in per_document if m == a}, key=str)
+    if seeds != sorted({s for m, s in per_document if m == b}, key=str) or not seeds:
+        raise ValueError(f"{a} and {b} need per-document losses at the same seeds")
+    docs = {len(per_document[m, s]) for m in (a, b) for s in seeds}
+    if len(docs) != 1:
+        raise ValueError(f"per-document losses of {a} and {b} differ in length: {sorted(docs)}")
+    rng = np.random.default_rng(seed)
+    diffs = np.stack([np.asarray(per_document[a, s], dtype=float)
+                      - np.asarray(per_document[b, s], dtype=float) for s in seeds])
+    n_seeds, n_docs = diffs.shape
+    draws = np.empty(samples)
+    for i in range(samples):
+        picked = diffs[rng.integers(0, n_seeds, n_seeds)]
+        columns = rng.integers(0, n_docs, (n_seeds, n_docs))
+        draws[i] = np.take_along_axis(picked, columns, axis=1).mean()
+    tail = (1 - level) / 2
+    low, high = np.quantile(draws, [tail, 1 - tail])
+    return float(low), float(high)
+
+
+# The verdict file -----------------------------------------------------------------------------
+
+RUN_KEYS = ("stage", "point", "model", "seed", "metric", "value")
+COMPARISON_KEYS = ("stage", "point", "a", "b", "metric", "family", "estimate", "low", "high",
+                   "df", "p", "called")
+
+
+def verdict_file(runs: Sequence[Mapping], rows: Sequence[Mapping]) -> dict:
+    """``verdicts.json``: ``runs``, every reported number before any analysis ({"stage",
+    "point", "model", "seed", "metric", "value"}), and ``comparisons`` (``compare``'s rows,
+    their keys in ``COMPARISON_KEYS``)."""
+    return {"runs": [{k: r[k] for k in RUN_KEYS} for r in runs],
+            "comparisons": [{k: r[k] for k in COMPARISON_KEYS} for r in rows]}
+
+
+def fits_of(runs: Sequence[Mapping], metric: str) -> dict[tuple[str, str], Fit]:
+    """One ``fit`` per (stage, point) of ``runs`` for ``metric``."""
+    groups: dict[tuple[str, str], dict[tuple[str, Hashable], float]] = {}
+    for r in runs:
+        if r["metric"] == metric:
+            groups.setdefault((r["stage"], r["point"]), {})[r["model"], r["seed"]] = r["value"]
+    return {key: fit(values) for key, values in groups.items()}
