@@ -31,12 +31,15 @@ def check_one_dtype(**tensors) -> None:
         raise AssertionError(f"fla stand-in: tl.dot takes one dtype, got {dtypes}")
 
 
-def check_state(state, batch: int, heads: int, k: int, v: int) -> None:
+def start_state(state, batch: int, heads: int, k: int, v: int):
+    """The (B, H, K, V) state a call starts from, in float64: zeros for None; an initial state
+    of another shape fails as fla's would."""
     if state is None:
-        return
+        return torch.zeros(batch, heads, k, v, dtype=torch.float64)
     if state.shape != (batch, heads, k, v):
         raise AssertionError(f"fla stand-in: initial_state must be (B, H, K, V) = "
                              f"{(batch, heads, k, v)}, got {tuple(state.shape)}")
+    return wide(state)
 
 
 def wide(x):

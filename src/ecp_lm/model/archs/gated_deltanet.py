@@ -31,6 +31,8 @@ from ecp_lm.model.archs.recurrent import (
     RecurrentMixer,
     ShortConv,
     compute_dtype,
+    fla_layout,
+    fla_state,
     heads_of,
     log_spaced,
     merge_heads,
@@ -132,13 +134,8 @@ def fla_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tenso
     log-gate g and the state in float32. The output comes back in v's dtype."""
     from fla.ops.gated_delta_rule import chunk_gated_delta_rule
 
-    def fla(x: Tensor, to: torch.dtype) -> Tensor:
-        return x.transpose(1, 2).to(to).contiguous()
-
-    start = (None if initial_state is None
-             else wide(initial_state.transpose(-1, -2)).contiguous())
-    o, final = chunk_gated_delta_rule(fla(q, dtype), fla(k, dtype), fla(v, dtype),
-                                      fla(g, torch.float32), fla(beta, dtype),
-                                      scale=q.size(-1) ** -0.5, initial_state=start,
-                                      output_final_state=True)
-    return o.transpose(1, 2).to(v.dtype), wide(final.transpose(-1, -2))
+    o, final = chunk_gated_delta_rule(
+        fla_layout(q, dtype), fla_layout(k, dtype), fla_layout(v, dtype),
+        fla_layout(g, torch.float32), fla_layout(beta, dtype), scale=q.size(-1) ** -0.5,
+        initial_state=fla_state(initial_state), output_final_state=True)
+    return o.transpose(1, 2).to(v.dtype), fla_state(final)

@@ -34,6 +34,8 @@ from ecp_lm.model.archs.recurrent import (
     RecurrentMixer,
     ShortConv,
     compute_dtype,
+    fla_layout,
+    fla_state,
     heads_of,
     log_spaced,
     merge_heads,
@@ -131,13 +133,11 @@ def fla_ssd(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, d: Tensor,
     from fla.ops.simple_gla import chunk_simple_gla
 
     bt, h, t, _ = x.shape
-    q = c.expand(bt, h, t, c.size(-1)).transpose(1, 2).to(dtype)  # (B, T, H, N): fla's layout
-    k = b.expand(bt, h, t, b.size(-1)).transpose(1, 2).to(dtype)
-    v = (wide(x) * dt.unsqueeze(-1)).transpose(1, 2).to(dtype)  # (B, T, H, P)
-    g = wide(a[:, None] * dt).transpose(1, 2)  # (B, T, H)
-    start = None if initial_state is None else wide(initial_state.transpose(-1, -2))
-    o, final = chunk_simple_gla(q.contiguous(), k.contiguous(), v.contiguous(), g.contiguous(),
-                                scale=1.0, initial_state=None if start is None
-                                else start.contiguous(), output_final_state=True)
+    q = fla_layout(c.expand(bt, h, t, c.size(-1)), dtype)  # (B, T, H, N)
+    k = fla_layout(b.expand(bt, h, t, b.size(-1)), dtype)
+    v = fla_layout(wide(x) * dt.unsqueeze(-1), dtype)  # (B, T, H, P)
+    g = fla_layout(a[:, None] * dt, torch.float32)  # (B, T, H)
+    o, final = chunk_simple_gla(q, k, v, g, scale=1.0, initial_state=fla_state(initial_state),
+                                output_final_state=True)
     y = wide(o.transpose(1, 2)) + wide(d)[:, None, None] * wide(x)
-    return y.to(x.dtype), wide(final.transpose(-1, -2))
+    return y.to(x.dtype), fla_state(final)

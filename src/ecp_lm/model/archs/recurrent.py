@@ -372,6 +372,18 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def fla_layout(x: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, H, T, ...) as flash-linear-attention takes it, (B, T, H, ...), contiguous, in
+    ``dtype``."""
+    return x.transpose(1, 2).to(dtype).contiguous()
+
+
+def fla_state(state: Tensor | None) -> Tensor | None:
+    """A state (B, H, V, K) as flash-linear-attention holds it, (B, H, K, V), in float32 (or
+    wider); None stays None. Its final state comes back through the same transpose."""
+    return None if state is None else wide(state.transpose(-1, -2)).contiguous()
+
+
 def wide(x: Tensor) -> Tensor:
     """x in float32, or as it is if wider (float64): what the recurrences compute in."""
     return x.to(torch.promote_types(x.dtype, torch.float32))

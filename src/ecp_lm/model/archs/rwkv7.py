@@ -38,6 +38,8 @@ from ecp_lm.model.archs.recurrent import (
     Recurrent,
     RecurrentMixer,
     compute_dtype,
+    fla_layout,
+    fla_state,
     heads_of,
     merge_heads,
     wide,
@@ -166,12 +168,9 @@ def fla_rwkv7(r: Tensor, log_w: Tensor, k: Tensor, v: Tensor, a: Tensor, b: Tens
     and the state in float32. The output comes back in v's dtype."""
     from fla.ops.rwkv7 import chunk_rwkv7
 
-    def fla(x: Tensor, to: torch.dtype) -> Tensor:
-        return x.transpose(1, 2).to(to).contiguous()
-
-    start = (None if initial_state is None
-             else wide(initial_state.transpose(-1, -2)).contiguous())
-    o, final = chunk_rwkv7(r=fla(r, dtype), k=fla(k, dtype), v=fla(v, dtype), a=fla(a, dtype),
-                           b=fla(b, dtype), w=fla(log_w, torch.float32), scale=1.0,
-                           initial_state=start, output_final_state=True)
-    return o.transpose(1, 2).to(v.dtype), wide(final.transpose(-1, -2))
+    out_dtype = v.dtype
+    r, k, v, a, b = (fla_layout(x, dtype) for x in (r, k, v, a, b))
+    o, final = chunk_rwkv7(r=r, k=k, v=v, a=a, b=b, w=fla_layout(log_w, torch.float32),
+                           scale=1.0, initial_state=fla_state(initial_state),
+                           output_final_state=True)
+    return o.transpose(1, 2).to(out_dtype), fla_state(final)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fla import check_one_dtype, check_state, record, wide
+from fla import check_one_dtype, record, start_state, wide
 
 
 @torch.compiler.disable
@@ -19,10 +19,8 @@ def chunk_gated_delta_rule(q, k, v, g, beta, scale=None, initial_state=None,
     vd = v.shape[-1]
     assert k.shape == q.shape and v.shape[:3] == q.shape[:3]
     assert g.shape == beta.shape == q.shape[:3]
-    check_state(initial_state, batch, heads, kd, vd)
     scale = kd ** -0.5 if scale is None else scale
-    state = (torch.zeros(batch, heads, kd, vd, dtype=torch.float64) if initial_state is None
-             else wide(initial_state))
+    state = start_state(initial_state, batch, heads, kd, vd)
     outputs = []
     for t in range(length):
         kt, vt, bt = wide(k[:, t]), wide(v[:, t]), wide(beta[:, t])[..., None]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fla import check_one_dtype, check_state, record, wide
+from fla import check_one_dtype, record, start_state, wide
 
 
 @torch.compiler.disable
@@ -16,9 +16,7 @@ def chunk_rwkv7(r, w, k, v, a, b, scale=1.0, initial_state=None, output_final_st
     batch, length, heads, kd = r.shape
     vd = v.shape[-1]
     assert w.shape == k.shape == a.shape == b.shape == r.shape and v.shape[:3] == r.shape[:3]
-    check_state(initial_state, batch, heads, kd, vd)
-    state = (torch.zeros(batch, heads, kd, vd, dtype=torch.float64) if initial_state is None
-             else wide(initial_state))
+    state = start_state(initial_state, batch, heads, kd, vd)
     outputs = []
     for t in range(length):
         removed = torch.einsum("bhk,bhkv->bhv", wide(a[:, t]), state)         # aᵀ S

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from fla import check_one_dtype, check_state, record, wide
+from fla import check_one_dtype, record, start_state, wide
 
 
 @torch.compiler.disable
@@ -16,10 +16,8 @@ def chunk_simple_gla(q, k, v, g=None, g_gamma=None, scale=None, initial_state=No
     batch, length, heads, kd = q.shape
     vd = v.shape[-1]
     assert k.shape == q.shape and v.shape[:3] == q.shape[:3] and g.shape == q.shape[:3]
-    check_state(initial_state, batch, heads, kd, vd)
     scale = kd ** -0.5 if scale is None else scale
-    state = (torch.zeros(batch, heads, kd, vd, dtype=torch.float64) if initial_state is None
-             else wide(initial_state))
+    state = start_state(initial_state, batch, heads, kd, vd)
     outputs = []
     for t in range(length):
         kv = wide(k[:, t]).unsqueeze(-1) * wide(v[:, t]).unsqueeze(-2)       # (B, H, K, V)
