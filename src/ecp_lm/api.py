@@ -98,8 +98,6 @@ def train(config: str | PathLike | RunConfig | None = None, *, out: PathLike,
     interruption would (resumable), ``quiet`` turns the progress bars off."""
     import torch
 
-    from ecp_lm.data.prepare import check_text_paths
-    from ecp_lm.data.tokenizers import check_tokenizer_spec
     from ecp_lm.runtime import resolve_device
     from ecp_lm.training.loop import train as train_loop
 
@@ -109,9 +107,6 @@ def train(config: str | PathLike | RunConfig | None = None, *, out: PathLike,
     stop_at = check_int(stop_at, "stop_at", 0, none=True)
     cfg = run_config(config, overrides, fields, out=out, resume=resume)
     resolve_device(cfg.train.device, "train.device")
-    check_tokenizer_spec(cfg.data.tokenizer, "data.tokenizer")
-    if cfg.data.source == "text" and cfg.data.path is not None:
-        check_text_paths([("data.path", cfg.data.path)])
     callers = torch.distributed.is_available() and torch.distributed.is_initialized()
     try:
         train_loop(cfg, out, resume=resume, progress=not quiet, stop_at=stop_at, force=force)

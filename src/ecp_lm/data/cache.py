@@ -32,6 +32,7 @@ from ecp_lm.data.text_source import SPLITS, TextSource
 from ecp_lm.data.tokenizers import (
     Tokenizer,
     check_bpe_vocab_size,
+    check_tokenizer_spec,
     count_invalid_bytes,
     count_invalid_utf8,
     load_saved,
@@ -190,14 +191,16 @@ def _slug(request: dict[str, Any]) -> str:
 
 def prepare(source: TextSource, tokenizer: str = "bytes", vocab_size: int = 4096,
             out: str | Path | None = None, force: bool = False,
-            progress: bool = True, out_setting: str = "out") -> TokenCache:
+            progress: bool = True, out_setting: str = "out",
+            tokenizer_setting: str = "data.tokenizer") -> TokenCache:
     """Tokenize every split of ``source`` into a cache (reused if source and tokenizer match).
 
     ``tokenizer``: ``bytes``, ``bpe`` (trained on the train split with ``vocab_size`` entries;
     a warning, ``vocab_shortfall``, when the split supports fewer), or the path of a
     ``tokenizer.json`` / ``.tiktoken`` file. ``out``'s missing folders are created, but not
     directly under the file-system root (``outputs.check_parents``; ``out_setting`` is what its
-    errors call ``out``: an option, a config key)."""
+    errors call ``out``: an option, a config key; ``tokenizer_setting`` likewise)."""
+    check_tokenizer_spec(tokenizer, tokenizer_setting)
     if tokenizer == "bpe":
         check_bpe_vocab_size(vocab_size)  # before any work
     request = tokenizer_request(tokenizer, vocab_size)

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ecp_lm.data.text_source import SPLITS
-from ecp_lm.data.tokenizers import DEFAULT_BPE_VOCAB, check_bpe_vocab_size, check_tokenizer_spec
+from ecp_lm.data.tokenizers import DEFAULT_BPE_VOCAB, check_bpe_vocab_size
 
 DEFAULT_SPLIT = "0.9,0.05,0.05"
 
@@ -48,38 +48,15 @@ def prepare_data(source: str, paths: Sequence[str | Path] = (), *,
     from ecp_lm.data.sources import open_source
 
     if source == "text":
-        fractions = parse_split(split or DEFAULT_SPLIT)
-        check_text_paths([*(("--path", p) for p in paths),
-                          *((f"--{s}", files[s]) for s in SPLITS if s in files)])
-        text = open_source("text", splits=files or None, paths=paths, fractions=fractions,
-                           path_setting="--path")
+        text = open_source("text", splits=files or None, paths=paths,
+                           fractions=parse_split(split or DEFAULT_SPLIT), path_setting="--path")
     else:
         text = open_source(source, paths[0] if paths else None, variant=variant,
                            path_setting="--path")
-    if tokenizer is not None:
-        check_tokenizer_spec(tokenizer, "--tokenizer")
     return prepare(text, tokenizer or "bytes",
                    DEFAULT_BPE_VOCAB if vocab_size is None else vocab_size,
                    None if out is None else str(out), force=force, progress=progress,
-                   out_setting="--out")
-
-
-def check_text_paths(given: Sequence[tuple[str, str | Path]]) -> None:
-    """ValueError naming the setting (``--path``, ``--train``, ``data.path``, ``--data-path``)
-    and the path of the first of ``given`` that the ``text`` source cannot read as text: one
-    that does not exist, a FIFO or a device, an empty folder, a folder ecp wrote (a run, a
-    checkpoint, a token cache); the source's own reason follows the setting. Hub locations
-    are left to ``open_source``, which refuses them for text."""
-    from ecp_lm.data.hub import is_hub
-    from ecp_lm.data.sources import _expand
-
-    for setting, path in given:
-        if is_hub(path):
-            continue
-        try:
-            _expand(path)
-        except ValueError as err:
-            raise ValueError(f"{setting}: {str(err).removeprefix('text: ')}") from None
+                   out_setting="--out", tokenizer_setting="--tokenizer")
 
 
 def describe_pixels(data) -> str:

@@ -159,7 +159,10 @@ class TextFiles(TextSource):
     name = "text"
 
     def __init__(self, paths: Sequence[str | Path] = (), splits: dict[str, str | Path] | None =
-                 None, fractions: Sequence[float] = (0.9, 0.05, 0.05)):
+                 None, fractions: Sequence[float] = (0.9, 0.05, 0.05),
+                 path_setting: str = "text"):
+        """``path_setting`` is what an error about one of ``paths`` names as its setting (an
+        error about a split's file names ``--SPLIT``, the option that gives it)."""
         if splits and paths:
             raise ValueError(f"text: give either paths split by fractions ({paths[0]}) or a "
                              f"file or folder per split ({next(iter(splits.values()))}), "
@@ -168,12 +171,12 @@ class TextFiles(TextSource):
             missing = [s for s in SPLITS if s not in splits]
             if missing:
                 raise ValueError(f"text: no file given for split(s) {', '.join(missing)}")
-            files = {s: _expand(splits[s]) for s in SPLITS}
+            files = {s: _expand(splits[s], f"--{s}") for s in SPLITS}
             _check_distinct([(f"{s} {splits[s]}", p) for s in SPLITS for p in files[s]])
             self.split_ranges = {s: [_whole(p) for p in files[s]] for s in SPLITS}
             self._location: object = {s: str(Path(splits[s]).resolve()) for s in SPLITS}
         else:
-            given = [(str(path), p) for path in paths for p in _expand(path)]
+            given = [(str(path), p) for path in paths for p in _expand(path, path_setting)]
             if not given:
                 raise ValueError(f"text: no files in {', '.join(map(str, paths)) or 'no path'}")
             _check_distinct(given)
@@ -191,21 +194,22 @@ class TextFiles(TextSource):
         return self._location
 
 
-def _expand(path: str | Path) -> list[Path]:
-    """A file, or the files below a folder in sorted order."""
+def _expand(path: str | Path, setting: str = "text") -> list[Path]:
+    """A file, or the files below a folder in sorted order; an error names ``setting``, the
+    option or key that gave ``path``."""
     path = Path(path)
     if path.is_dir():
         found = output_kind(path)  # ecp's own output is no text: its tokens are binary
         if found is not None:
-            raise ValueError(f"text: {path} is {found[1]}, which ecp wrote, not text files; give "
-                             f"the text itself" + (f" (or data.cache_dir={path} to train on "
-                                                   f"this cache)" if found[0] == "token cache"
-                                                   else ""))
+            raise ValueError(f"{setting}: {path} is {found[1]}, which ecp wrote, not text files; "
+                             f"give the text itself" + (f" (or data.cache_dir={path} to train "
+                                                        f"on this cache)"
+                                                        if found[0] == "token cache" else ""))
         files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not files:
-            raise ValueError(f"text: folder {path} holds no files")
+            raise ValueError(f"{setting}: folder {path} holds no files")
         return files
-    return [_require_file(path, "text")]
+    return [_require_file(path, setting)]
 
 
 class EnwikiMini(Enwik8):
@@ -249,7 +253,7 @@ def open_source(name: str, path: str | Path | None = None, *,
         if any(is_hub(p) for p in given):
             raise ValueError(f"{path_setting}: source text is not read from the Hub "
                              f"(hf: locations are for wikitext103 and pg19)")
-        return TextFiles([*paths, *([path] if path else [])], splits, fractions)
+        return TextFiles([*paths, *([path] if path else [])], splits, fractions, path_setting)
     if name not in SOURCES:
         raise ValueError(f"unknown source {name!r}; sources: {', '.join(SOURCES)}")
     if path is None:

@@ -20,7 +20,6 @@ from torch import nn
 
 from ecp_lm.data.cache import TokenCache, open_cache, open_run_cache, prepare
 from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
-from ecp_lm.data.prepare import check_text_paths
 from ecp_lm.data.sources import open_source
 from ecp_lm.data.tokenizers import Tokenizer
 from ecp_lm.evaluate.positions import per_position_loss, position_report
@@ -222,9 +221,7 @@ def _eval_cache(cfg: Any, ckpt_dir: Path, tokenizer: Tokenizer, data_path: str |
         cache = open_run_cache(cfg.data, cfg.model.vocab_size, progress=progress)
         open_cache(cache.directory, tokenizer.identity)  # the checkpoint's own tokenizer
         return cache
-    if cfg.data.source == "text":
-        check_text_paths([("--data-path", data_path)])
-    source = open_source(cfg.data.source, data_path)
+    source = open_source(cfg.data.source, data_path, path_setting="--data-path")
     if cfg.data.cache_dir is not None:
         try:
             own = open_cache(cfg.data.cache_dir, tokenizer.identity)
