@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import numbers
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -382,10 +381,11 @@ def check_int(value: Any, name: str, low: int | None = None, *,
     """``value`` as an int (numpy's integers too); ValueError naming ``name`` and ``value``
     unless it is an integer (a bool is not one) of at least ``low`` (None: any), or None where
     ``none``."""
+    from ecp_lm.generation import is_integer
+
     if value is None and none:
         return None
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) \
-            or (low is not None and value < low):
+    if not is_integer(value) or (low is not None and value < low):
         at_least = "" if low is None else f" >= {low}"
         raise ValueError(f"{name}={value!r} must be an integer{at_least}"
                          f"{' or None' if none else ''}")

@@ -103,15 +103,15 @@ def check_generate_args(model: LanguageModel, prompt: Prompt, max_new_tokens: in
         lo, hi = int(row.min()), int(row.max())  # once, before generation starts
         if lo < 0 or hi >= vocab:
             raise ValueError(f"prompt token ids must lie in 0..{vocab - 1}, got {lo}..{hi}")
-    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+    if not is_integer(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens={max_new_tokens!r} must be an integer >= 0")
-    if not _is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
+    if not is_real(temperature) or not math.isfinite(temperature) or temperature < 0:
         raise ValueError(f"temperature={temperature!r} must be a finite number >= 0 (0: greedy)")
-    if top_k is not None and not _is_int(top_k):
+    if top_k is not None and not is_integer(top_k):
         raise ValueError(f"top_k={top_k!r} must be an integer from 1 to {vocab} or None")
     if top_k is not None and not 1 <= top_k <= vocab:
         raise ValueError(f"top_k={top_k} is outside 1..{vocab} (the vocabulary's size)")
-    if top_p is not None and not _is_real(top_p):
+    if top_p is not None and not is_real(top_p):
         raise ValueError(f"top_p={top_p!r} must be a number in (0, 1] or None")
     if top_p is not None and not 0 < top_p <= 1:  # also refuses nan
         raise ValueError(f"top_p={top_p} is outside (0, 1]")
@@ -121,12 +121,12 @@ def check_generate_args(model: LanguageModel, prompt: Prompt, max_new_tokens: in
         raise ValueError("a classification model (num_classes set) cannot generate")
 
 
-def _is_int(value: object) -> bool:
+def is_integer(value: object) -> bool:
     """An integer (Python's or numpy's), not a bool."""
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _is_real(value: object) -> bool:
+def is_real(value: object) -> bool:
     """A real number (an int or a float, Python's or numpy's), not a bool."""
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
