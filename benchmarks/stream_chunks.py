@@ -42,7 +42,7 @@ from ecp_lm.bench.core import memory_mark, peak_bytes
 from ecp_lm.config import ModelConfig
 from ecp_lm.evaluate.scoring import score_stream_cached
 from ecp_lm.model import build_model
-from ecp_lm.model.model import dense_cached_chunks
+from ecp_lm.model.attention import dense_cached_chunks
 from ecp_lm.runtime import torch_threads
 
 PATHS = ("kernel", "dense")

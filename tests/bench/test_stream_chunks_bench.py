@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ecp_lm.model import model as skeleton
+from ecp_lm.model import attention as skeleton
 from helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "stream_chunks.py"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ecp_lm.bench.core import CreatedBytes
-from ecp_lm.model import model as skeleton
+from ecp_lm.model import attention as skeleton
 from ecp_lm.model.cache import KVCache
 from helpers import RECURRENT, UNBOUNDED, random_tokens, sharp_model
 

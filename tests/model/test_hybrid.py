@@ -16,7 +16,7 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.config import tile_pattern
 from ecp_lm.generation import generate
-from ecp_lm.model import model as skeleton
+from ecp_lm.model import attention as skeleton
 from ecp_lm.model.cache import decode_span
 from ecp_lm.model.kernels import choose_kernel
 from ecp_lm.run.checkpoint import read_checkpoint

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ecp_lm.config import ARCHS
-from ecp_lm.model.model import Attention
+from ecp_lm.model.attention import Attention
 from ecp_lm.model.rope import RotaryEmbedding, frequencies, rotate
 from helpers import RECURRENT, random_tokens, sharp_model
 

@@ -136,7 +136,7 @@ def kernels_run(model) -> Iterator[set[str]]:
     """The names of the kernels the model's layers run while the block runs (each
     ``choose_kernel`` answer for the model's architecture; a hybrid's as ``kind:kernel``, for
     each of its layers' architectures), attention's and the recurrent mixers' alike."""
-    from ecp_lm.model import model as layers
+    from ecp_lm.model import attention as layers
     from ecp_lm.model.archs import recurrent
 
     arch, ran = model.arch, set()
