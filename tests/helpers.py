@@ -147,28 +147,6 @@ def run_child(script: str, kill_after: float | None = None) -> bool:
     return False
 
 
-def committed_copy(folder, dest):
-    """What a commit of the stage folder ``folder`` (an Evidence III ``--out``) keeps under the
-    repository's ``evidence/.gitignore`` (as git itself reads it), copied to ``dest``: the folder
-    a later checkout finds. Returns the kept paths, relative to ``folder``."""
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    folder, dest = Path(folder), Path(dest)
-    ignore = Path(__file__).resolve().parents[1] / "evidence" / ".gitignore"
-    shutil.copy(ignore, folder / ".gitignore")
-    git = ["git", "-c", "core.excludesFile=/dev/null", f"--git-dir={dest}.git",
-           f"--work-tree={folder}"]
-    subprocess.run(["git", "init", "-q", "--bare", f"{dest}.git"], check=True)
-    kept = subprocess.run([*git, "ls-files", "-o", "--exclude-standard", "-z"], check=True,
-                          capture_output=True, text=True).stdout.split("\0")[:-1]
-    for name in kept:
-        (dest / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(folder / name, dest / name)
-    return kept
-
-
 def tree_hashes(root) -> dict:
     """sha256 of every file, the target of every link and each folder under ``root`` (itself
     included), by relative path: equal before and after means nothing under it changed."""

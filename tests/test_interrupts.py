@@ -162,13 +162,13 @@ def test_ctrl_c_during_eval(tmp_path):
 
 
 def test_demo_interrupted_says_to_rerun_the_same_command(monkeypatch, capsys):
-    import ecp_lm.experiments.demo
+    import ecp_lm.demo
     from ecp_lm.cli import main
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(ecp_lm.experiments.demo, "run_demo", interrupted)
+    monkeypatch.setattr(ecp_lm.demo, "run_demo", interrupted)
     assert main(["demo", "--quiet"]) == 130
     err = capsys.readouterr().err
     assert err == "ecp: interrupted; run the same command again to continue where it stopped\n"

@@ -114,21 +114,45 @@ def test_force_starts_a_run_over_and_keeps_what_is_not_ours(tmp_path, capsys):
             "--force", "--resume")
 
 
-def test_demo_and_experiments_refuse_a_user_folder(tmp_path, capsys):
-    from ecp_lm.experiments import long_context, mqar, study
+def test_demo_refuses_a_user_folder(tmp_path, capsys):
+    userdir = user_folder(tmp_path / "userdir")
+    before = tree_hashes(userdir)
+    refused(capsys, ["demo", "--out", userdir, "--quiet"], str(userdir), "notes.txt", seconds=30)
+    assert tree_hashes(userdir) == before
+    # So is any other folder that holds what the demo did not write.
+    refused(capsys, ["demo", "--out", tmp_path / "userdir" / "src"], "a.py")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ecp_lm.studies.__main__") is None,
+                    reason="no study command (python -m ecp_lm.studies) in this checkout")
+def test_a_study_refuses_a_user_folder(tmp_path, capsys):
+    from ecp_lm.studies.__main__ import main as study_main
 
     userdir = user_folder(tmp_path / "userdir")
     before = tree_hashes(userdir)
-    refused(capsys, ["demo", "--out", userdir, "--quiet"], str(userdir), seconds=30)
-    for experiment in (study, long_context, mqar):
-        start = time.monotonic()
-        assert experiment.main(["--budget", "tiny", "--out", str(userdir), "--quiet"]) == 2
-        err = capsys.readouterr().err
-        assert err.count("\n") == 1 and str(userdir) in err and "notes.txt" in err, err
-        assert time.monotonic() - start < 30
+    start = time.monotonic()
+    assert study_main(["evidence4", "--stage", "language", "--budget", "tiny", "--out",
+                       str(userdir), "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and str(userdir) in err and "notes.txt" in err, err
+    assert time.monotonic() - start < 30
     assert tree_hashes(userdir) == before
-    # A run folder is not an experiment's folder either.
-    refused(capsys, ["demo", "--out", tmp_path / "userdir" / "src"], "a.py")
+
+
+@pytest.mark.parametrize("kind", ["study", "long_context", "mqar", "evidence"])
+def test_an_earlier_studys_folder_is_named_and_refused(kind, tmp_path, capsys):
+    """No command writes these kinds any more; their folders on users' disks are still
+    recognised by the marker, named in the refusal and left as they were."""
+    folder = tmp_path / kind
+    folder.mkdir()
+    (folder / MARKER).write_text(json.dumps({"kind": kind, "written_by": "ecp-lm 0.1"}) + "\n")
+    (folder / "results.json").write_text("{}\n")
+    before = tree_hashes(folder)
+    refused(capsys, ["demo", "--out", folder, "--quiet"], str(folder), f"a {kind} folder",
+            seconds=30)
+    refused(capsys, ["train", "--config", "tiny", "--out", folder, "--quiet"], str(folder),
+            f"a {kind} folder", seconds=30)
+    assert tree_hashes(folder) == before
 
 
 def test_file_outputs_are_checked_before_any_work(tmp_path, run_dir, capsys):

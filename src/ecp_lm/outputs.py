@@ -7,10 +7,13 @@ changes nothing:
   --per-position FILE``): a path that ends in ``/`` or names a folder is refused; an existing
   file is replaced only when it is recognisably that command's own output (``owned``: a PNG that
   ecp-lm or matplotlib wrote, a JSON report of that kind).
-- a folder written in place (a run folder of ``ecp train``, the demo's, an experiment's): it may
-  be missing, empty, or marked as that kind by ``MARKER``, the file ecp writes first into every
+- a folder written in place (a run folder of ``ecp train``, the demo's, a study's): it may be
+  missing, empty, or marked as that kind by ``MARKER``, the file ecp writes first into every
   such folder; ``legacy`` recognises a folder of that kind that an earlier release wrote without
-  a marker. Anything else is refused with one line naming the folder and what it holds.
+  a marker. Anything else is refused with one line naming the folder and what it holds. A
+  marker of a kind no command writes any more (the earlier studies' ``study``,
+  ``long_context``, ``mqar``, ``evidence``) is still read, so such a folder is named and
+  refused, never written over.
 - a folder replaced whole (a checkpoint, a token cache, an export: the ``Kind`` s below, each
   recognised by one entry of one JSON file it holds) may be missing, empty or an earlier output
   of the same kind (``check_replace``, then ``fsutil.check_replaceable``): an export never

@@ -71,7 +71,7 @@ def test_mnist_5k(tmp_path, monkeypatch):
 
 def test_demo_end_to_end(tmp_path, capsys):
     """`ecp demo` on enwiki-mini with a few steps: both runs, the table, a sample, the PNG."""
-    from ecp_lm.experiments.demo import format_result, run_demo
+    from ecp_lm.demo import format_result, run_demo
 
     fetched(lambda: open_source("enwiki-mini"))
     result = run_demo(tmp_path / "demo", steps=3, progress=False, max_eval_tokens=4096)
@@ -84,29 +84,3 @@ def test_demo_end_to_end(tmp_path, capsys):
     # resumed: nothing to train
     assert [r["train_seconds"] for r in again["rows"]] == [0.0, 0.0]
 
-
-def test_study_tiny_budget(tmp_path):
-    """`python -m ecp_lm.experiments.study --budget tiny`: every entry, the JSON, the tables."""
-    import json
-
-    from ecp_lm.experiments.study import BUDGETS, STUDY_ARCHS, entries, run_study
-
-    fetched(lambda: open_source("enwiki-mini"))
-    fetched(load_mnist_5k)
-    results = run_study("tiny", tmp_path / "study", progress=False)
-    assert [r["name"] for r in results] == [e["name"] for e in entries(BUDGETS["tiny"])]
-    saved = json.loads((tmp_path / "study" / "results.json").read_text())
-    assert saved == results
-    for kind, field in (("lm", "bits_per_byte"), ("mnist", "accuracy"), ("probe", "accuracy")):
-        runs = [r for r in results if r["kind"] == kind]
-        assert {r["arch"] for r in runs} == set(STUDY_ARCHS)
-        assert all(field in r for r in runs)
-    lm = [r for r in results if r["name"].startswith("lm/")]
-    params = [r["params"] for r in lm]
-    assert max(params) <= 1.05 * min(params)  # matched parameter counts
-    assert len({r["train_tokens"] for r in lm}) == 1  # the same training tokens
-    table = (tmp_path / "study" / "results.md").read_text()
-    assert "| ecp | 2 |" in table and "ablation/ecp-tied-kv" in table
-    assert (tmp_path / "study" / "learning_curves.png").read_bytes()[:4] == b"\x89PNG"
-    again = run_study("tiny", tmp_path / "study", progress=False)  # resumes: nothing reruns
-    assert again == results

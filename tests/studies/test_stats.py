@@ -200,3 +200,21 @@ def test_evidence_iv_at_400_steps_pools_what_the_audit_found():
     assert f.df == 24 and math.sqrt(f.residual_variance) == pytest.approx(0.035, abs=5e-4)
     estimate, se = f.contrast("ecp", "gated_deltanet")
     assert estimate == pytest.approx(0.52, abs=0.01) and estimate / se > 10  # ECP behind
+
+
+@pytest.mark.parametrize("df", [1, 2, 3, 4, 7, 8, 15, 24])
+def test_chi_square_tail_is_scipys(df):
+    from scipy import stats as sps
+
+    for x in (0.01, 0.5, 1.0, 3.0, 10.0, 40.0):
+        assert stats.chi2_sf(x, df) == pytest.approx(sps.chi2.sf(x, df), rel=1e-10, abs=1e-15)
+
+
+def test_bartlett_is_scipys_and_refuses_a_group_without_spread():
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(3)
+    groups = {f"m{i}": rng.normal(0, 1 + i % 3, 3 + i % 3) for i in range(7)}
+    assert stats.bartlett(groups) == pytest.approx(sps.bartlett(*groups.values()).pvalue,
+                                                   rel=1e-9)
+    assert stats.bartlett({"a": [1.0, 1.0, 1.0], "b": [0.1, 0.2, 0.4]}) is None

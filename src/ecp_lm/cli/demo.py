@@ -17,7 +17,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ecp_lm.experiments.demo import format_result, run_demo
+    from ecp_lm.demo import format_result, run_demo
 
     print(format_result(run_demo(args.out, args.steps, progress=not args.quiet)))
     return 0

@@ -1,7 +1,7 @@
 """MkDocs hooks of the documentation site (``hooks:`` in ``mkdocs.yml``).
 
 Pages link to files of the repository that are not pages of the site: a report folder under
-``docs/``, or a file outside ``docs/`` (``../evidence/recall/full/recall.md``). Such a link
+``docs/``, or a file outside ``docs/`` (``../configs/wikitext103-ecp.yaml``). Such a link
 points, in the built site, to the file in the repository at ``repo_url`` when ``mkdocs.yml``
 sets one, and otherwise becomes its text in code (the path), since the site does not hold it.
 A link to a path that exists nowhere is left as written, so MkDocs reports it.

@@ -108,8 +108,8 @@ def is_legacy_run(path: Path) -> bool:
 
 def holds_runs(path: Path, depth: int = 4) -> bool:
     """Whether a run folder (marked, or of an earlier release) lies within ``depth`` levels
-    below ``path``: how the demo's and the experiments' folders of earlier releases, which had
-    no marker, are recognised."""
+    below ``path``: how the demo's folders of earlier releases, which had no marker, are
+    recognised."""
     for entry in Path(path).iterdir():
         if not entry.is_dir() or entry.is_symlink() or entry.name.startswith("."):
             continue

@@ -91,6 +91,41 @@ def t_critical(level: float, df: int) -> float:
     return (lo + hi) / 2
 
 
+def chi2_sf(x: float, df: int) -> float:
+    """P(X > x) for a chi-square with ``df`` (a positive integer) degrees of freedom, in
+    closed form: the Poisson sum for even ``df``, erfc plus the half-integer terms for odd."""
+    if x <= 0:
+        return 1.0
+    half = x / 2
+    if df % 2 == 0:
+        term, total = 1.0, 1.0
+        for i in range(1, df // 2):
+            term *= half / i
+            total += term
+        return math.exp(-half) * total
+    total, term = math.erfc(math.sqrt(half)), math.sqrt(half) / math.gamma(1.5)
+    for i in range(1, (df + 1) // 2):
+        total += math.exp(-half) * term
+        term *= half / (i + 0.5)
+    return total
+
+
+def bartlett(groups: Mapping[str, Sequence[float]]) -> float | None:
+    """Bartlett's test that every group (a model's values over seeds) has one variance: its
+    p-value, or None where a group has fewer than two values or none of its own spread (the
+    pooled model is then questionable and the report says so)."""
+    sizes = [len(v) for v in groups.values()]
+    variances = [float(np.var(v, ddof=1)) if len(v) > 1 else 0.0 for v in groups.values()]
+    if len(groups) < 2 or min(sizes) < 2 or min(variances) <= 0:
+        return None
+    n, k = sum(sizes), len(sizes)
+    pooled = sum((m - 1) * v for m, v in zip(sizes, variances, strict=True)) / (n - k)
+    statistic = ((n - k) * math.log(pooled)
+                 - sum((m - 1) * math.log(v) for m, v in zip(sizes, variances, strict=True)))
+    statistic /= 1 + (sum(1 / (m - 1) for m in sizes) - 1 / (n - k)) / (3 * (k - 1))
+    return chi2_sf(statistic, k - 1)
+
+
 # The additive model -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -107,10 +142,13 @@ class Fit:
     df: int
     residuals: dict[tuple[str, Hashable], float] = field(repr=False)
 
-    def contrast(self, a: str, b: str) -> tuple[float, float]:
-        """(estimate, standard error) of μ_a − μ_b."""
+    def contrast(self, a: str | Mapping[str, float], b: str | None = None
+                 ) -> tuple[float, float]:
+        """(estimate, standard error) of μ_a − μ_b, or of Σ w·μ for ``a`` = {model: w}."""
+        weights = {a: 1.0, b: -1.0} if b is not None else a
         c = np.zeros(len(self.coefficients))
-        c[self.models.index(a)], c[self.models.index(b)] = 1.0, -1.0
+        for model, w in weights.items():
+            c[self.models.index(model)] += w
         return float(c @ self.coefficients), math.sqrt(self.residual_variance
                                                        * float(c @ self.unscaled @ c))
 
@@ -159,6 +197,8 @@ class Comparison:
     b: str
     metric: str
     primary: bool = False
+    weights: tuple[tuple[str, float], ...] = ()
+    """Σ w·μ instead of μ_a − μ_b (an interaction: ``a`` and ``b`` then name its sides)."""
 
 
 def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Comparison],
@@ -174,7 +214,7 @@ def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Compariso
     rows = []
     for c in comparisons:
         f = fits[c.stage, c.point]
-        estimate, se = f.contrast(c.a, c.b)
+        estimate, se = f.contrast(dict(c.weights)) if c.weights else f.contrast(c.a, c.b)
         t = estimate / se if se > 0 else math.copysign(math.inf, estimate or 1.0)
         rows.append({"stage": c.stage, "point": c.point, "a": c.a, "b": c.b,
                      "metric": c.metric, "family": "primary" if c.primary else "secondary",

@@ -1,0 +1,134 @@
+"""Run, plan or report a study.
+
+    python -m ecp_lm.studies STUDY --stage STAGE|report|all --budget BUDGET --out DIR
+
+Each stage resumes where it stopped (``runner``); ``--plan`` prints the CPU time a budget's
+training takes on this machine before anything runs; ``report`` writes
+``DIR/report/BUDGET/{verdicts.json,report.md}`` from what has run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from ecp_lm.studies import specs
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m ecp_lm.studies",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("study", help=f"a live study ({', '.join(specs.NAMES)}: its spec is "
+                   "ecp_lm/studies/specs/STUDY.py) or a .py file that defines STUDY")
+    p.add_argument("--stage", required=True, help="a stage of the study (evidence4: language, "
+                   "recall), report (the verdicts from what has run) or all (every stage, "
+                   "then the report)")
+    p.add_argument("--budget", default="small", help="the spec's budget: tiny (every code "
+                   "path in minutes), small or full (default small)")
+    p.add_argument("--out", default=None, help="the study's folder (default runs/STUDY); "
+                   "resumable: a stage goes on where it stopped")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, each in its own process "
+                   "(default 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads per run (default: the cores divided by --jobs)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--plan", action="store_true", help="run nothing: time one training step "
+                   "of each model here and print each stage's training hours at --jobs")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser()
+    args = p.parse_args(argv)
+    try:
+        return run(p, args)
+    except (ValueError, OSError) as err:
+        print(f"{p.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+
+
+def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    from ecp_lm.outputs import output_folder
+    from ecp_lm.studies.runner import timed_invocation
+
+    study = specs.load(args.study)
+    stages = study.stages(args.budget)
+    names = [*stages, "report"] if args.stage == "all" else [args.stage]
+    for name in names:
+        if name not in (*stages, "report"):
+            p.error(f"--stage {name}: study {study.name} has stages "
+                    f"{', '.join(stages)}, report and all")
+    for option in ("jobs", "threads"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            p.error(f"--{option} {value} must be positive")
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1
+                               else None)
+    if args.plan:
+        from ecp_lm.studies.runner import plan, plan_markdown
+
+        for name in names:
+            if name != "report":
+                print(plan_markdown(name, plan(works(stages[name]), args.jobs, threads)),
+                      end="")
+        return 0
+    root = output_folder(args.out or f"runs/{study.name}", study.name)
+    for name in names:
+        out = root / name / args.budget
+        if name == "report":
+            write_report(study, args.budget, root, out)
+            continue
+        out.mkdir(parents=True, exist_ok=True)
+        with timed_invocation(out, args.jobs):
+            from ecp_lm.studies.language import run_language
+            from ecp_lm.studies.recall import run_recall
+            from ecp_lm.studies.spec import Language
+
+            stage = stages[name]
+            stage_run = run_language if isinstance(stage.task, Language) else run_recall
+            stage_run(stage, out, args.jobs, threads, not args.quiet)
+    return 0
+
+
+def write_report(study, budget: str, root: Path, out: Path) -> None:
+    from ecp_lm.fsutil import write_bytes_atomic
+    from ecp_lm.studies import report
+    from ecp_lm.studies.runner import write_json
+
+    data = report.load(study, budget, root)
+    if not data:
+        raise ValueError(f"--stage report reads the study's stages: run them first (nothing "
+                         f"under {root} at budget {budget})")
+    analysis = report.analyse(study, data)
+    write_json(out / "verdicts.json", analysis)
+    text = report.report_markdown(study, budget, analysis, data, root)
+    write_bytes_atomic(out / "report.md", text.encode())
+    print(text, end="")
+
+
+def works(stage) -> list[dict]:
+    """Each model's training steps in ``stage``: its grid's trials on every selection seed
+    and its seeds (an annealed curve: the stable run and each point's decay)."""
+    from ecp_lm.studies.anneal import decay_steps
+    from ecp_lm.studies.spec import Language, model_config
+
+    t = stage.task
+    trials = len(stage.grid.rates) * len(stage.select_seeds) * t.select_steps
+    if isinstance(t, Language):
+        last = max(t.points)
+        per_seed = last - decay_steps(last, t.decay_fraction) + sum(
+            decay_steps(p, t.decay_fraction) for p in t.points)
+        return [{"name": m, "cfg": model_config(stage, m), "batch": t.train["batch_size"],
+                 "steps": trials + len(stage.seeds) * per_seed} for m in stage.models]
+    from ecp_lm.studies.recall import task_specs
+
+    batch = task_specs(stage)[1].batch_size
+    return [{"name": f"{m} L{d}", "cfg": model_config(stage, m, d), "batch": batch,
+             "steps": (trials if d == t.select_depth else 0) + len(stage.seeds) * t.steps}
+            for m in stage.models for d in t.depths]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

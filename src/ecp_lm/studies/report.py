@@ -1,0 +1,423 @@
+"""A study's report, from what its stages ran: every reported number (``runs``), each (stage,
+point) fitted once (``stats.fit``), the declared primary family under Holm, every other
+contrast secondary, and the report's two files: ``verdicts.json`` and ``report.md``.
+
+Rules, each applied from the data and stated in the report:
+
+- **seeds**: only the stage's declared seeds are read; a model missing one is named, and a
+  seed on disk that the spec does not declare is left out (and counted);
+- **did not learn**: a cell none of whose seeds beats chance (recall: accuracy above
+  1/values + the stage's margin; language: bits per byte below the bytes' unigram entropy)
+  is reported as such, left out of its point's fit and out of the primary family;
+- **rates**: each model's trials and the seeds they ran on; a choice made on one seed and
+  under 1M selection bytes, or at the edge of what was tried, is named beside the model;
+- **parameters**: every model's count against the reference's, the difference stated where
+  it exceeds 2%;
+- **no extrapolation**: only measured points are reported.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ecp_lm.studies import stats
+from ecp_lm.studies.rates import choice
+from ecp_lm.studies.runner import read_json
+from ecp_lm.studies.spec import Contrast, Language, Stage, Study, cell, model_config
+
+PARAMETER_TOLERANCE = 0.02
+MIN_SELECTION_BYTES = 1_000_000
+
+
+@dataclass
+class StageData:
+    """What one stage's folder holds for its spec."""
+
+    stage: Stage
+    values: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    """{point: {cell: {seed: metric}}}"""
+    per_item: dict[tuple[str, int], list[float]] = field(default_factory=dict)
+    """{(cell, seed): per-query correctness or per-document loss} at the last point."""
+    context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
+    missing: list[str] = field(default_factory=list)
+    undeclared: int = 0
+    trials: dict[str, dict[float, dict[int, float]]] = field(default_factory=dict)
+    selection_bytes: int | None = None
+    chance: float = 0.0
+    learned: dict[str, bool] = field(default_factory=dict)
+    timed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
+    """{model: {seed: {"steps", "train_s"}}} of the equal-time runs."""
+
+    @property
+    def metric(self) -> str:
+        return self.stage.task.metric
+
+    @property
+    def final(self) -> str:
+        return self.stage.points()[-1]
+
+
+def load_stage(stage: Stage, folder: Path) -> StageData:
+    """The stage's runs, trials and chance level found in ``folder``."""
+    data = StageData(stage)
+    language = isinstance(stage.task, Language)
+    depths = [None] if language else list(stage.task.depths)
+    for m in stage.models:
+        for d in depths:
+            base = folder / "runs" / m / ("" if d is None else f"L{d}")
+            found = {int(p.parent.name[4:]): p for p in base.glob("seed*/result.json")}
+            timed = {int(p.parent.name[9:]): p for p in base.glob("time-seed*/result.json")}
+            data.undeclared += len(set(found) - set(stage.seeds))
+            for s in stage.seeds:
+                if s not in found:
+                    data.missing.append(f"{cell(m, d)} seed {s}")
+                    continue
+                add_result(data, read_json(found[s]), cell(m, d), s, language)
+                if s in timed:
+                    add_timed(data, read_json(timed[s]), m, s)
+    for path in sorted(folder.glob("select/*/lr*/**/result.json")):
+        r = read_json(path)
+        data.trials.setdefault(r["model"], {}).setdefault(r["lr"], {})[
+            r.get("seed", 0)] = r[data.metric]
+        data.selection_bytes = r.get("bytes_scored", data.selection_bytes)
+    if language:
+        from ecp_lm.studies.language import unigram_bits
+
+        data.chance = unigram_bits(stage.task.source)
+        last = data.values.get(data.final, {})
+        data.learned = {c: any(v < data.chance for v in seeds.values())
+                        for c, seeds in last.items()}
+    else:
+        from ecp_lm.studies.recall import chance
+
+        data.chance = chance(stage) + stage.task.chance_margin
+        last = data.values.get(data.final, {})
+        data.learned = {c: any(v > data.chance for v in seeds.values())
+                        for c, seeds in last.items()}
+    return data
+
+
+def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
+               language: bool) -> None:
+    if language:
+        for p in r["points"]:
+            data.values.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
+                p["bits_per_byte"]
+            if "context_gain_bits" in p:
+                data.context.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
+                    p["context_gain_bits"]
+        return
+    data.values.setdefault(str(r["steps"]), {}).setdefault(name, {})[seed] = r["accuracy"]
+    if "per_query" in r:
+        data.per_item[name, seed] = [float(c) for c in r["per_query"]["correct"]]
+
+
+def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None:
+    """An equal-time run: at point ``time<last>``, beside the reference's last point."""
+    last = str(max(data.stage.task.points))
+    [p] = r["points"]
+    point = data.values.setdefault(f"time{last}", {})
+    point.setdefault(model, {})[seed] = p["bits_per_byte"]
+    data.timed.setdefault(model, {})[seed] = {"steps": p["steps"], "train_s": r["train_s"]}
+    ref = data.stage.reference
+    point.setdefault(ref, {})[seed] = data.values[last][ref][seed]
+
+
+def runs_of(data: Mapping[str, StageData]) -> list[dict[str, Any]]:
+    """Every reported number before any analysis, as ``verdicts.json`` holds them."""
+    return [{"stage": name, "point": point, "model": c, "seed": s, "metric": d.metric,
+             "value": v}
+            for name, d in data.items() for point, cells in d.values.items()
+            for c, seeds in cells.items() for s, v in sorted(seeds.items())]
+
+
+def resolve(c: Contrast, data: StageData) -> Contrast:
+    return Contrast(c.stage, data.final if c.point == "final" else c.point, c.weights, c.name)
+
+
+def secondary(data: StageData, primary: list[Contrast]) -> list[Contrast]:
+    """The reference against every other cell at every point (and, on recall, at each depth
+    and for each depth step's interaction), less the primary ones."""
+    stage, ref, out = data.stage, data.stage.reference, []
+    others = [m for m in stage.models if m != ref]
+    for point in (p for p in stage.points() if p in data.values):
+        if isinstance(stage.task, Language):
+            out += [Contrast.pair(stage.name, ref, m, point) for m in others
+                    if m in data.values[point]]
+            continue
+        depths = [f"L{d}" for d in stage.task.depths]
+        out += [Contrast.pair(stage.name, f"{ref}@{d}", f"{m}@{d}", point)
+                for d in depths for m in others]
+        out += [Contrast.interaction(stage.name, ref, m, lo, hi, point)
+                for lo, hi in itertools.pairwise(depths) for m in others]
+    declared = {(c.stage, c.point, c.weights) for c in primary}
+    return [c for c in out if (c.stage, c.point, c.weights) not in declared]
+
+
+def sides(c: Contrast) -> tuple[str, str]:
+    """The verdict file's ``a`` and ``b``: the two models, or an interaction's two gains."""
+    if len(c.weights) == 2:
+        return c.weights[0][0], c.weights[1][0]
+    (a_hi, _), (a_lo, _), (b_hi, _), (b_lo, _) = c.weights
+    return f"{a_hi} − {a_lo}", f"{b_hi} − {b_lo}"
+
+
+def per_seed(c: Contrast, values: dict[str, dict[int, float]]) -> dict[int, float]:
+    """The contrast computed within each seed that every cell of it ran."""
+    seeds = set.intersection(*(set(values.get(m, {})) for m, _ in c.weights))
+    return {s: sum(w * values[m][s] for m, w in c.weights) for s in sorted(seeds)}
+
+
+def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.ALPHA
+            ) -> dict[str, Any]:
+    """The verdict file: ``runs``, ``comparisons`` (the keys of ``stats.COMPARISON_KEYS``
+    and, beside them, the contrast's name, its per-seed values, the seeds agreeing with its
+    sign and the bootstrap interval where per-item data exist), and what was left out."""
+    primary = [resolve(c, data[c.stage]) for c in study.primary if c.stage in data]
+    excluded, contrasts = [], []
+    for c in primary:
+        not_learned = [m for m, _ in c.weights if not data[c.stage].learned.get(m, False)]
+        if not_learned:
+            excluded.append({"contrast": c.name, "stage": c.stage, "point": c.point,
+                             "did_not_learn": not_learned})
+        else:
+            contrasts.append((c, True))
+    for d in data.values():
+        for c in secondary(d, primary):
+            if all(d.learned.get(m, False) for m, _ in c.weights):
+                contrasts.append((c, False))
+    groups: dict[tuple[str, str], dict[tuple[str, int], float]] = {}
+    for name, d in data.items():
+        for point, cells in d.values.items():
+            for c_name, seeds in cells.items():
+                if d.learned.get(c_name):
+                    for s, v in seeds.items():
+                        groups.setdefault((name, point), {})[c_name, s] = v
+    fits = {key: stats.fit(v) for key, v in groups.items()}
+    declared = [stats.Comparison(c.stage, c.point, *sides(c), data[c.stage].metric, primary,
+                                 c.weights) for c, primary in contrasts]
+    rows = stats.compare(fits, declared, alpha)
+    for row, (c, _) in zip(rows, contrasts, strict=True):
+        d = data[c.stage]
+        seeds = per_seed(c, d.values[c.point])
+        sign = -1 if d.stage.task.lower_is_better else 1
+        row.update(contrast=c.name, per_seed=seeds, seeds=len(seeds),
+                   favour_a=sum(sign * v > 0 for v in seeds.values()),
+                   favour_b=sum(sign * v < 0 for v in seeds.values()),
+                   bootstrap=item_bootstrap(c, d, row["level"]))
+    return {"study": study.name, "alpha": alpha, "runs": runs_of(data),
+            "comparisons": [{k: r[k] for k in (*stats.COMPARISON_KEYS, "level", "contrast",
+                                                 "per_seed", "seeds", "favour_a", "favour_b",
+                                                 "bootstrap")} for r in rows],
+            "excluded": excluded, "chance": {n: d.chance for n, d in data.items()},
+            "lower_is_better": {n: d.stage.task.lower_is_better for n, d in data.items()},
+            "seeds": {n: list(d.stage.seeds) for n, d in data.items()},
+            "parameters": {n: {m: parameter_count(d.stage, m) for m in d.stage.models}
+                           for n, d in data.items()},
+            "fits": {f"{s}/{p}": {"residual_sd": f.residual_variance ** 0.5, "df": f.df,
+                                  "cells": list(f.models), "seeds": list(f.seeds),
+                                  "bartlett_p": stats.bartlett(by_cell(groups[s, p]))}
+                     for (s, p), f in fits.items()}}
+
+
+def by_cell(values: Mapping[tuple[str, int], float]) -> dict[str, list[float]]:
+    out: dict[str, list[float]] = {}
+    for (c, _), v in values.items():
+        out.setdefault(c, []).append(v)
+    return out
+
+
+def item_bootstrap(c: Contrast, d: StageData, level: float) -> list[float] | None:
+    """The bootstrap over items (queries or documents) and seeds of a pair contrast at the last
+    point, where every seed of both cells stored them; None otherwise."""
+    if len(c.weights) != 2 or c.point != d.final:
+        return None
+    a, b = (m for m, _ in c.weights)
+    items = {k: v for k, v in d.per_item.items() if k[0] in (a, b)}
+    if len(items) != 2 * len(d.stage.seeds):
+        return None
+    return list(stats.bootstrap(items, a, b, level=level))
+
+
+# The markdown -----------------------------------------------------------------------------
+
+UNITS = {"bits_per_byte": "bits/byte", "accuracy": "accuracy"}
+
+
+def size_note(analysis: dict[str, Any], row: dict[str, Any]) -> str:
+    """Where the other model's parameter count is more than 2% from ECP's: by how much."""
+    counts = analysis["parameters"][row["stage"]]
+    other = row["b"].split("@")[0].split(" ")[0]
+    ratio = counts[other] / counts[row["a"].split("@")[0].split(" ")[0]] - 1
+    return f" ({other}: {ratio:+.0%} parameters)" if abs(ratio) > PARAMETER_TOLERANCE else ""
+
+
+def verdict_lines(analysis: dict[str, Any]) -> list[str]:
+    """The verdict table (README, results page): one row per primary comparison, then one per
+    declared comparison left out because a model did not learn."""
+    out = ["| comparison | stage, point | ECP − other | interval at Holm's level | "
+           "seeds with ECP ahead | verdict |", "|---|---|---:|---|---|---|"]
+    for r in (r for r in analysis["comparisons"] if r["family"] == "primary"):
+        lower = analysis["lower_is_better"][r["stage"]]
+        ahead = (r["estimate"] < 0) == lower
+        verdict = ("ECP ahead" if ahead else "ECP behind") if r["called"] else "not called"
+        out.append(f"| {r['contrast']}{size_note(analysis, r)} | {r['stage']}, {r['point']} | "
+                   f"{r['estimate']:+.4f} "
+                   f"{UNITS[r['metric']]} | [{r['low']:+.4f}, {r['high']:+.4f}] "
+                   f"({r['level']:.2%}) | {r['favour_a']} of {r['seeds']} | {verdict} |")
+    for e in analysis["excluded"]:
+        out.append(f"| {e['contrast']} | {e['stage']}, {e['point']} | — | — | — | "
+                   f"did not learn: {', '.join(e['did_not_learn'])} |")
+    return out
+
+
+def call_text(row: dict[str, Any], lower_is_better: bool) -> str:
+    if row["family"] == "secondary":
+        return "secondary"
+    if not row["called"]:
+        return "not called"
+    ahead = (row["estimate"] < 0) == lower_is_better
+    return f"called: {row['a'].split(' ')[0]} ahead" if ahead else \
+        f"called: {row['b'].split(' ')[0]} ahead"
+
+
+def p_text(p: float) -> str:
+    return "< 1e-12" if p < 1e-12 else f"{p:.2g}"
+
+
+def seeds_text(row: dict[str, Any]) -> str:
+    return f"{row['favour_a']} of {row['seeds']} for {row['a'].split('@')[0].split(' ')[0]}"
+
+
+def comparison_table(rows: list[dict[str, Any]], lower: dict[str, bool]) -> list[str]:
+    out = ["| contrast | stage, point | estimate | interval | level | df | p | per seed "
+           "| bootstrap | call |", "|---|---|---:|---|---:|---:|---:|---|---|---|"]
+    for r in rows:
+        boot = "not stored" if r["bootstrap"] is None else \
+            f"[{r['bootstrap'][0]:+.4f}, {r['bootstrap'][1]:+.4f}]"
+        out.append(f"| {r['contrast']} | {r['stage']}, {r['point']} | {r['estimate']:+.4f} | "
+                   f"[{r['low']:+.4f}, {r['high']:+.4f}] | {r['level']:.4f} | {r['df']} | "
+                   f"{p_text(r['p'])} | {seeds_text(r)} | {boot} | "
+                   f"{call_text(r, lower[r['stage']])} |")
+    return out
+
+
+def stage_table(d: StageData, point: str, stage_dir: Path, params: dict[str, int]
+                ) -> list[str]:
+    ref = params[d.stage.reference]
+    metric = "bits per byte (test split)" if d.metric == "bits_per_byte" else \
+        "accuracy (report sequences)"
+    at = f"{point} steps" if point.isdigit() else \
+        f"equal training time: {d.stage.reference} at {point[4:]} steps, " + ", ".join(
+            f"{m} at {runs[min(runs)]['steps']} steps" for m, runs in d.timed.items())
+    out = [f"### {d.stage.name} at {at}: {metric}", "",
+           "| model | parameters | rate | mean | SD | per seed |", "|---|---|---|---:|---:|---|"]
+    for c_name, seeds in d.values.get(point, {}).items():
+        model = c_name.split("@")[0]
+        ratio = params[model] / ref - 1
+        size = f"{params[model]:,}" + (f" ({ratio:+.1%} vs {d.stage.reference})"
+                                       if abs(ratio) > PARAMETER_TOLERANCE else "")
+        values = list(seeds.values())
+        sd = statistics.stdev(values) if len(values) > 1 else float("nan")
+        learned = "" if d.learned.get(c_name) else " (did not learn)"
+        out.append(f"| {c_name}{learned} | {size} | {rate_text(d, model)} | "
+                   f"{statistics.fmean(values):.4f} | {sd:.4f} | "
+                   f"{', '.join(f'{v:.4f}' for _, v in sorted(seeds.items()))} |")
+    if isinstance(d.stage.task, Language):
+        from ecp_lm.studies.language import compressors
+
+        for name, bits in compressors(d.stage.task.source, d.stage.task.report_tokens).items():
+            out.append(f"| {name} (reference) | — | — | {bits:.4f} | — | — |")
+        out.append(f"| unigram entropy (chance) | — | — | {d.chance:.4f} | — | — |")
+    else:
+        out.append(f"| chance + margin | — | — | {d.chance:.4f} | — | — |")
+    return [*out, ""]
+
+
+def timed_lines(d: StageData, folder: Path) -> str:
+    """How equal the equal-time runs' times are: the step times measured side by side times
+    the steps, and each run's own training seconds."""
+    times, ref = read_json(folder / "step_s.json"), d.stage.reference
+    last = max(d.stage.task.points)
+    parts = [f"{ref}: {last} × {times[ref]:.3f} s = {last * times[ref]:.0f} s"]
+    for m, runs in d.timed.items():
+        steps = runs[min(runs)]["steps"]
+        own = ", ".join(f"{r['train_s']:.0f}" for _, r in sorted(runs.items()))
+        parts.append(f"{m}: {steps} × {times[m]:.3f} s = {steps * times[m]:.0f} s "
+                     f"({steps * times[m] / (last * times[ref]) - 1:+.1%}; its runs trained "
+                     f"{own} s)")
+    return "Equal time, by the step times measured side by side: " + "; ".join(parts) + "."
+
+
+def rate_text(d: StageData, model: str) -> str:
+    trials = d.trials.get(model)
+    if not trials:
+        return "—"
+    scores = {lr: statistics.fmean(s.values()) for lr, s in trials.items()}
+    chosen = choice(scores, d.stage.task.lower_is_better)
+    seeds = sorted({s for t in trials.values() for s in t})
+    notes = [] if chosen["inside"] else ["at the edge"]
+    if len(seeds) < 2 and (d.selection_bytes or 0) < MIN_SELECTION_BYTES:
+        notes.append(f"seed {seeds[0]} only")
+    return f"{chosen['lr']:g}" + (f" ({', '.join(notes)})" if notes else "")
+
+
+def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
+                    data: Mapping[str, StageData], root: Path) -> str:
+    lower = {n: d.stage.task.lower_is_better for n, d in data.items()}
+    rows = analysis["comparisons"]
+    primary = [r for r in rows if r["family"] == "primary"]
+    lines = [f"# {study.name}, budget {budget}", "", study.question, "",
+             f"## Primary family: {len(primary)} comparison{'s' * (len(primary) != 1)}, "
+             f"Holm at α = "
+             f"{analysis['alpha']}", "",
+             "Estimate: mean(a) − mean(b) over the seeds; the interval is the pooled "
+             "additive model's at the level Holm's step gives it.", "",
+             *comparison_table(primary, lower), ""]
+    for e in analysis["excluded"]:
+        lines.append(f"- Not in the family: {e['contrast']} ({e['stage']}, {e['point']}): "
+                     f"{', '.join(e['did_not_learn'])} did not learn.")
+    lines += ["", "## Stages", ""]
+    for name, d in data.items():
+        params = analysis["parameters"][name]
+        for point in (p for p in d.stage.points() if p in d.values):
+            lines += stage_table(d, point, root / name / budget, params)
+        if d.timed:
+            lines += timed_lines(d, root / name / budget), ""
+        fit_lines = [f"{key}: residual SD {f['residual_sd']:.4f} on {f['df']} df, "
+                     + (f"Bartlett p = {f['bartlett_p']:.2g}" if f["bartlett_p"] is not None
+                        else "Bartlett not testable (a cell has no spread over its seeds)")
+                     for key, f in analysis["fits"].items() if key.startswith(f"{name}/")]
+        lines += [f"Pooled fits: {'; '.join(fit_lines)}." if fit_lines else
+                  "No pooled fit: no model learned.", ""]
+        if d.missing:
+            lines += [f"Missing: {', '.join(d.missing)}.", ""]
+        if d.undeclared:
+            lines += [f"{d.undeclared} run(s) at seeds the spec does not declare are left "
+                      f"out.", ""]
+    secondary = [r for r in rows if r["family"] == "secondary"]
+    lines += ["## Secondary comparisons", "",
+              "Unadjusted 95% intervals, never called.", "",
+              *comparison_table(secondary, lower), ""]
+    return "\n".join(lines)
+
+
+def parameter_count(stage: Stage, model: str) -> int:
+    from ecp_lm.model.matching import parameter_count as count
+
+    depth = None if isinstance(stage.task, Language) else stage.task.select_depth
+    return count(model_config(stage, model, depth))
+
+
+def load(study: Study, budget: str, root: Path) -> dict[str, StageData]:
+    found = {}
+    for name, stage in study.stages(budget).items():
+        folder = root / name / budget
+        if (folder / "runs").is_dir():
+            found[name] = load_stage(stage, folder)
+    return found

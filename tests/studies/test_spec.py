@@ -1,0 +1,40 @@
+"""Evidence IV's spec (``studies.specs.evidence4``): the matched mixers (mamba2, gated_deltanet)
+have ECP's parameter count to within 2% at every stage and depth of the budgets that are
+reported, and where a tiny size leaves no width that close, the matched width is the smallest
+there is (the report states the difference)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ecp_lm.model.matching import parameter_count
+from ecp_lm.studies import specs
+from ecp_lm.studies.spec import Recall, model_config
+
+MATCHED = ("mamba2", "gated_deltanet")
+
+
+def sizes(budget: str):
+    """(stage, depth) of every model size the budget trains."""
+    for stage in specs.load("evidence4").stages(budget).values():
+        depths = stage.task.depths if isinstance(stage.task, Recall) else (None,)
+        yield from ((stage, d) for d in depths)
+
+
+@pytest.mark.parametrize("budget", ["small", "full"])
+def test_the_matched_mixers_have_ecps_parameters(budget):
+    for stage, depth in sizes(budget):
+        ecp = parameter_count(model_config(stage, "ecp", depth))
+        for name in MATCHED:
+            ratio = parameter_count(model_config(stage, name, depth)) / ecp
+            assert abs(ratio - 1) <= 0.02, (stage.name, depth, name, ratio)
+
+
+def test_a_width_that_cannot_match_is_the_smallest_one():
+    for stage, depth in sizes("tiny"):
+        ecp = parameter_count(model_config(stage, "ecp", depth))
+        for name in MATCHED:
+            cfg = model_config(stage, name, depth)
+            if abs(parameter_count(cfg) / ecp - 1) > 0.02:
+                assert parameter_count(cfg) > ecp and cfg.mixer_width == cfg.n_heads, \
+                    (stage.name, depth, name)
