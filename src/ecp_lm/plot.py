@@ -284,7 +284,7 @@ def save_figure(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
 
 
 def save_png(fig: Figure, out: str | Path, dpi: int = 120) -> Path:
-    """``save_figure`` for the ``.png`` files the experiments name."""
+    """``save_figure`` for the ``.png`` files a report names."""
     if figure_format(out, "out") != "png":
         raise ValueError(f"save_png: {out} is not a .png path")
     return save_figure(fig, out, dpi)

@@ -79,14 +79,14 @@ def paper_sizes() -> list[str]:
 def verdict_quotes() -> list[str]:
     """The verdict table of Evidence IV's committed report, and the budget and width it ran
     at (test_results_page checks that report against its run files)."""
-    from ecp_lm.experiments.evidence4 import report as evidence4
+    from ecp_lm.studies.report import verdict_lines
+    from ecp_lm.studies.specs import load
 
     root = ROOT / "evidence4"
     budget = "full" if (root / "report" / "full" / "verdicts.json").exists() else "small"
     verdicts = report(f"evidence4/report/{budget}/verdicts.json")
-    width = report(f"evidence4/language/{budget}/language.json")["size"]["d_model"]
-    return [*evidence4.answer_lines(verdicts),
-            f"budget `{budget}` (d_model {width} on language"]
+    width = load("evidence4").stages(budget)["language"].task.size["d_model"]
+    return [*verdict_lines(verdicts), f"budget `{budget}` (d_model {width} on language"]
 
 
 def setup_quotes() -> list[str]:

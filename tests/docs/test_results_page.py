@@ -160,3 +160,28 @@ def test_every_number_in_the_prose_is_checked(analysed):
         for number in numbers_in(line):
             assert number.lstrip("+−-") in allowed or number in allowed, \
                 f"{number!r} in results.md line {line!r} is not checked"
+
+
+SEED_CLAIM = re.compile(r"\b(each|every|all|both|\d+|one|two|three|four|five) (of )?(the )?"
+                        r"(\d+ |three |five |paired )?seeds?\b(?!')", re.I)
+
+
+@pytest.mark.parametrize("page", [RESULTS, *LANDING.values()], ids=lambda p: p.name)
+def test_every_sentence_about_seeds_is_generated_from_the_data(page):
+    """A sentence that counts seeds ("in each of the 5 seeds", "3 of the 5 seeds") holds one
+    of the sentences ``report.seed_sentence`` renders from the verdict file, verbatim but for
+    its first letter; tables, code and the report's own lines are left out (rendered)."""
+    from ecp_lm.studies.report import seed_sentence
+
+    generated = {seed_sentence(r).lower() for r in verdicts()["comparisons"]}
+    rendered = set((EVIDENCE4 / "report" / BUDGET / "report.md").read_text().splitlines())
+    body = re.sub(r"^```.*?^```$", "", page.read_text(), flags=re.S | re.M)
+    body = "\n".join(line for line in body.splitlines()
+                     if not line.startswith("|") and line not in rendered)
+    for sentence in re.split(r"(?<=[.!?])\s+", one_line(body)):
+        counts = [m.group(0) for m in SEED_CLAIM.finditer(sentence)
+                  if not m.group(0).lower().startswith(("seed ", "seeds "))]
+        if counts and not re.search(r"(runs?|ran|gives?|has|have|trains?|with|declare|same|chosen)"
+                                    r"[^.]*\bseeds?\b", sentence, re.I):
+            assert any(g in sentence.lower() for g in generated), \
+                f"{page.name}: {sentence!r} counts seeds but is not generated from the data"

@@ -22,6 +22,7 @@ from ecp_lm.studies.mqar import (
     mqar_loss,
     segment_offset,
     train_mqar,
+    unpack_queries,
 )
 from ecp_lm.studies.recall import task_specs
 from ecp_lm.studies.spec import Recall
@@ -177,13 +178,14 @@ def test_a_transformer_learns_the_task_well_above_chance(learned):
     assert result["curve"][0]["accuracy"] < 0.3
     assert result["accuracy"] > 0.7, result["curve"]  # chance 1/8
     # Every held-out query's correctness and loss, whose means are the reported numbers.
-    per_query = result["per_query"]
+    correct, loss = unpack_queries(result["per_query"])
+    per_query = {"correct": correct, "loss": loss}
     assert len(per_query["correct"]) == len(per_query["loss"]) == 256 * LEARNED.num_queries
     assert set(per_query["correct"]) == {0, 1}
     assert sum(per_query["correct"]) / len(per_query["correct"]) == pytest.approx(
         result["accuracy"], abs=1e-6)
     assert sum(per_query["loss"]) / len(per_query["loss"]) == pytest.approx(
-        result["loss"], abs=1e-5)
+        result["loss"], abs=1e-4)  # each loss kept to 5 significant digits
     assert result["chance"] == 1 / 8 and result["params"] == model.num_params()
     # The held-out set is seed 0's (0 + 1_000_003), its queries listed sequence by sequence.
     held_out = mqar_batch(LEARNED, 256, torch.Generator().manual_seed(1_000_003))

@@ -19,7 +19,7 @@ from ecp_lm.data.sources import open_source
 from ecp_lm.evaluate import checkpoints
 from ecp_lm.studies import specs
 from ecp_lm.studies.__main__ import main
-from ecp_lm.studies.mqar import mqar_batch
+from ecp_lm.studies.mqar import mqar_batch, unpack_queries
 from ecp_lm.studies.recall import task_specs
 from ecp_lm.studies.spec import Recall
 from helpers import load_script
@@ -185,7 +185,7 @@ def test_each_recall_result_stores_every_querys_correctness_and_loss(study):
     results = [read(p) for p in (out / "recall" / "tiny").glob("*/**/result.json")]
     assert len(results) > len(RECALL.models) * len(RECALL.task.depths) * 2  # trials too
     for r in results:
-        correct, loss = r["per_query"]["correct"], r["per_query"]["loss"]
+        correct, loss = unpack_queries(r["per_query"])
         assert len(correct) == len(loss) == train.eval_size * spec.num_queries
         assert set(correct) <= {0, 1}
         assert statistics.fmean(correct) == pytest.approx(r["accuracy"], abs=1e-6)
@@ -200,8 +200,9 @@ def test_the_reports_runs_are_the_result_files(study):
     verdicts = read(report / "verdicts.json")
     expected = set()
     for (m, _, s), r in run_results(out / "language" / "tiny").items():
-        expected |= {("language", str(p["steps"]), m, s, "bits_per_byte", p["bits_per_byte"])
-                     for p in r["points"]}
+        expected |= {("language", str(p["steps"]), m, s, key, p[key])
+                     for p in r["points"] for key in ("bits_per_byte", "context_gain_bits")
+                     if key in p}
     last = str(max(LANGUAGE.task.points))
     timed = run_results(out / "language" / "tiny", timed=True)
     assert {m for m, _, _ in timed} == set(LANGUAGE.task.equal_time)

@@ -16,10 +16,10 @@ ROOT = Path(__file__).resolve().parents[2]
 VERDICTS = sorted(ROOT.glob("evidence4/report/*/verdicts.json"))
 
 
-def cell_values(runs, stage, point):
+def cell_values(runs, stage, point, metric):
     out = {}
     for r in runs:
-        if r["stage"] == stage and r["point"] == point:
+        if (r["stage"], r["point"], r["metric"]) == (stage, point, metric):
             out.setdefault(r["model"], {})[r["seed"]] = r["value"]
     return out
 
@@ -101,7 +101,7 @@ def test_every_primary_comparison_recomputes_from_the_runs(path):
     assert len(primary) + len(verdicts["excluded"]) == len(study.primary)
     tests = []
     for row in primary:
-        values = cell_values(runs, row["stage"], row["point"])
+        values = cell_values(runs, row["stage"], row["point"], row["metric"])
         ok = learned(values, row["stage"], chance[row["stage"]])
         kept = {c: v for c, v in values.items() if ok[c]}
         est, se, df = contrast(weights_of(row), sum_to_zero_fit(kept))
@@ -138,10 +138,13 @@ def test_the_runs_are_the_result_files(path):
     budget, base = path.parent.name, ROOT / "evidence4"
     for r in verdicts["runs"]:
         if r["stage"] == "language":
-            result = json.loads((base / "language" / budget / "runs" / r["model"]
-                                 / f"seed{r['seed']}" / "result.json").read_text())
-            [point] = [p for p in result["points"] if str(p["steps"]) == r["point"]]
-            assert point["bits_per_byte"] == r["value"]
+            timed = r["point"].startswith("time") and r["model"] != "ecp"
+            folder = f"time-seed{r['seed']}" if timed else f"seed{r['seed']}"
+            result = json.loads((base / "language" / budget / "runs" / r["model"] / folder
+                                 / "result.json").read_text())
+            [point] = [p for p in result["points"] if timed or str(p["steps"]) ==
+                       r["point"].removeprefix("time")]
+            assert point[r["metric"]] == r["value"]
         else:
             model, depth = r["model"].split("@")
             result = json.loads((base / "recall" / budget / "runs" / model / depth

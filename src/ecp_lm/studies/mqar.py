@@ -344,6 +344,18 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
         "params": model.num_params(), "chance": spec.chance, "curve": curve,
         "accuracy": final["accuracy"], "loss": final["loss"],
         "accuracy_by_offset": accuracy_by_offset(final["correct"], held_out, segment_len),
-        "per_query": {"correct": final["correct"].flatten().int().tolist(),
-                      "loss": [round(x, 5) for x in final["per_query_loss"].flatten().tolist()]},
+        "per_query": pack_queries(final["correct"], final["per_query_loss"]),
         "train_wall_s": train_s, "s_per_step": train_s / train.steps}
+
+
+def pack_queries(correct: Tensor, loss: Tensor) -> dict[str, str]:
+    """Every query's result in row order, compact enough for a result file kept in git:
+    ``correct`` one character per query (``1`` right, ``0`` wrong), ``loss`` its cross-entropy
+    to 5 significant digits, space-separated (``unpack_queries`` reads them back)."""
+    return {"correct": "".join("1" if c else "0" for c in correct.flatten().tolist()),
+            "loss": " ".join(f"{x:.5g}" for x in loss.flatten().tolist())}
+
+
+def unpack_queries(packed: dict[str, str]) -> tuple[list[int], list[float]]:
+    """(correct, loss) per query, from ``pack_queries``'s record."""
+    return [int(c) for c in packed["correct"]], [float(x) for x in packed["loss"].split()]

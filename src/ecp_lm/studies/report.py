@@ -50,6 +50,7 @@ class StageData:
     selection_bytes: int | None = None
     chance: float = 0.0
     learned: dict[str, bool] = field(default_factory=dict)
+    run_rates: dict[str, float] = field(default_factory=dict)
     timed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     """{model: {seed: {"steps", "train_s"}}} of the equal-time runs."""
 
@@ -59,7 +60,8 @@ class StageData:
 
     @property
     def final(self) -> str:
-        return self.stage.points()[-1]
+        """The last budget point (not the equal-time one)."""
+        return [p for p in self.stage.points() if p.isdigit()][-1]
 
 
 def load_stage(stage: Stage, folder: Path) -> StageData:
@@ -104,6 +106,7 @@ def load_stage(stage: Stage, folder: Path) -> StageData:
 
 def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
                language: bool) -> None:
+    data.run_rates[r["model"]] = r["lr"]
     if language:
         for p in r["points"]:
             data.values.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
@@ -114,7 +117,9 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
         return
     data.values.setdefault(str(r["steps"]), {}).setdefault(name, {})[seed] = r["accuracy"]
     if "per_query" in r:
-        data.per_item[name, seed] = [float(c) for c in r["per_query"]["correct"]]
+        from ecp_lm.studies.mqar import unpack_queries
+
+        data.per_item[name, seed] = [float(c) for c in unpack_queries(r["per_query"])[0]]
 
 
 def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None:
@@ -130,9 +135,11 @@ def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None
 
 def runs_of(data: Mapping[str, StageData]) -> list[dict[str, Any]]:
     """Every reported number before any analysis, as ``verdicts.json`` holds them."""
-    return [{"stage": name, "point": point, "model": c, "seed": s, "metric": d.metric,
+    return [{"stage": name, "point": point, "model": c, "seed": s, "metric": metric,
              "value": v}
-            for name, d in data.items() for point, cells in d.values.items()
+            for name, d in data.items()
+            for metric, values in ((d.metric, d.values), ("context_gain_bits", d.context))
+            for point, cells in values.items()
             for c, seeds in cells.items() for s, v in sorted(seeds.items())]
 
 
@@ -249,6 +256,23 @@ def item_bootstrap(c: Contrast, d: StageData, level: float) -> list[float] | Non
 UNITS = {"bits_per_byte": "bits/byte", "accuracy": "accuracy"}
 
 
+def seed_sentence(row: dict[str, Any]) -> str:
+    """What the seeds of a comparison say, one by one, as a sentence of the results page."""
+    a, b = row["a"], row["b"]
+    if " − " in a:  # an interaction: (a@hi − a@lo) − (b@hi − b@lo)
+        hi, lo = (c.split("@")[1] for c in a.split(" − "))
+        a, b = f"{a.split('@')[0]}'s gain from {lo} to {hi}", f"{b.split('@')[0]}'s"
+    n, fa, fb = row["seeds"], row["favour_a"], row["favour_b"]
+    where = f"on {row['stage']} at {row['point']}"
+    if fa == n:
+        return f"{where}, {a} is ahead of {b} in each of the {n} seeds"
+    if fb == n:
+        return f"{where}, {b} is ahead of {a} in each of the {n} seeds"
+    tied = n - fa - fb
+    return (f"{where}, {a} is ahead of {b} in {fa} of the {n} seeds and behind in {fb}"
+            + (f", tied in {tied}" if tied else ""))
+
+
 def size_note(analysis: dict[str, Any], row: dict[str, Any]) -> str:
     """Where the other model's parameter count is more than 2% from ECP's: by how much."""
     counts = analysis["parameters"][row["stage"]]
@@ -354,6 +378,37 @@ def timed_lines(d: StageData, folder: Path) -> str:
     return "Equal time, by the step times measured side by side: " + "; ".join(parts) + "."
 
 
+SENSITIVE_BITS = 0.02
+"""A context gain the control (full attention) must clear in every seed before another
+model's gain says anything about its use of long context."""
+
+
+def context_lines(d: StageData) -> list[str]:
+    """Each measured model's context gain (bits per byte on windows of 2m minus on windows of
+    N, the same targets) by seed, and whether the control clears ``SENSITIVE_BITS`` in every
+    seed at that point."""
+    if not d.context:
+        return []
+    out = ["### Context gain (secondary)", "",
+           "Bits per byte with windows of 2m minus with windows of N, on the same test "
+           "targets: what context beyond two segments is worth.", "",
+           "| point | model | mean | per seed |", "|---|---|---:|---|"]
+    for point, models in d.context.items():
+        for m, seeds in models.items():
+            out.append(f"| {point} | {m} | {statistics.fmean(seeds.values()):+.4f} | "
+                       f"{', '.join(f'{v:+.4f}' for _, v in sorted(seeds.items()))} |")
+    control = "transformer"
+    for point, models in d.context.items():
+        if control in models:
+            gains = models[control].values()
+            above = sum(g > SENSITIVE_BITS for g in gains)
+            out.append(f"\nAt {point} steps the {control}'s gain exceeds {SENSITIVE_BITS} "
+                       f"bits/byte in {above} of {len(gains)} seeds"
+                       + ("." if above == len(gains) else ": the task cannot show a use of "
+                          "long context at this point, ECP's or any model's."))
+    return [*out, ""]
+
+
 def rate_text(d: StageData, model: str) -> str:
     trials = d.trials.get(model)
     if not trials:
@@ -364,6 +419,9 @@ def rate_text(d: StageData, model: str) -> str:
     notes = [] if chosen["inside"] else ["at the edge"]
     if len(seeds) < 2 and (d.selection_bytes or 0) < MIN_SELECTION_BYTES:
         notes.append(f"seed {seeds[0]} only")
+    ran = d.run_rates.get(model, chosen["lr"])
+    if ran != chosen["lr"]:
+        notes.append(f"its runs used {ran:g}")
     return f"{chosen['lr']:g}" + (f" ({', '.join(notes)})" if notes else "")
 
 
@@ -400,6 +458,8 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
         if d.undeclared:
             lines += [f"{d.undeclared} run(s) at seeds the spec does not declare are left "
                       f"out.", ""]
+    for d in data.values():
+        lines += context_lines(d)
     secondary = [r for r in rows if r["family"] == "secondary"]
     lines += ["## Secondary comparisons", "",
               "Unadjusted 95% intervals, never called.", "",

@@ -7,7 +7,8 @@ skeleton's sizes (vocabulary, d_model, layers, heads, N, m); what differs:
   ``sliding_window_tiles``: w = m, ECP's cost in the research's tiles; ``s2``: groups of m
   (about half ECP's entries); ``transformer``: full causal attention;
 - ``perceiver_ar``: l = N/2 latents, the research's headline comparison, at equal training
-  tokens (language only: it predicts only its latents, recall queries anywhere);
+  tokens (language only: it predicts only its latents, recall queries anywhere); it and the
+  transformer also train for the time ECP's last point took (secondary comparisons);
 - ``mamba2``, ``gated_deltanet``: the mixer width whose parameter count is the nearest to
   ECP's; ``rwkv7``: attention's widths, its low-rank maps on top (the report states its
   parameter difference).
