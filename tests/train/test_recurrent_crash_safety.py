@@ -18,7 +18,9 @@ from ecp_lm.run.checkpoint import read_checkpoint
 from helpers import in_namespace, tiny_run_config, tree_hashes
 from interrupting import assert_same_run, interrupt_until_done, random_instants
 
-STEPS = 10
+STEPS = 24
+"""Long enough that the last interruption leaves several steps to run: a run that ends
+before its signal arrives is not interrupted at all."""
 ARCHS = {"mamba2": [], "gated_deltanet": [], "rwkv7": [],
          "hybrid": ["model.layer_pattern=mamba2,gated_deltanet,rwkv7,ecp", "model.n_layers=4"]}
 API = """
@@ -69,7 +71,7 @@ def test_sigint_and_sigkill_through_both_entry_points_resume_exactly(tmp_path, a
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err
     out = tmp_path / "interrupted"
-    steps = [None, None, 1, 3, 4, 6, 8, 9]
+    steps = [None, None, 1, 4, 7, 10, 13, 16]
     signals = [signal.SIGINT, signal.SIGKILL] * 4
     instants = [(step, delay, signum) for (step, delay), signum
                 in zip(random_instants(len(arch), steps), signals, strict=True)]
