@@ -50,6 +50,8 @@ class StageData:
     selection_bytes: int | None = None
     chance: float = 0.0
     learned: dict[str, bool] = field(default_factory=dict)
+    compressors: dict[str, float] = field(default_factory=dict)
+    """Language: bits per byte of general-purpose compressors on the reported test bytes."""
     run_rates: dict[str, float] = field(default_factory=dict)
     timed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     """{model: {seed: {"steps", "train_s"}}} of the equal-time runs."""
@@ -88,9 +90,10 @@ def load_stage(stage: Stage, folder: Path) -> StageData:
             r.get("seed", 0)] = r[data.metric]
         data.selection_bytes = r.get("bytes_scored", data.selection_bytes)
     if language:
-        from ecp_lm.studies.language import unigram_bits
+        from ecp_lm.studies.language import compressors, unigram_bits
 
         data.chance = unigram_bits(stage.task.source)
+        data.compressors = compressors(stage.task.source, stage.task.report_tokens)
         last = data.values.get(data.final, {})
         data.learned = {c: any(v < data.chance for v in seeds.values())
                         for c, seeds in last.items()}
@@ -331,7 +334,7 @@ def comparison_table(rows: list[dict[str, Any]], lower: dict[str, bool]) -> list
     return out
 
 
-def stage_table(d: StageData, point: str, stage_dir: Path, params: dict[str, int]
+def stage_table(d: StageData, point: str, params: dict[str, int]
                 ) -> list[str]:
     ref = params[d.stage.reference]
     metric = "bits per byte (test split)" if d.metric == "bits_per_byte" else \
@@ -353,9 +356,7 @@ def stage_table(d: StageData, point: str, stage_dir: Path, params: dict[str, int
                    f"{statistics.fmean(values):.4f} | {sd:.4f} | "
                    f"{', '.join(f'{v:.4f}' for _, v in sorted(seeds.items()))} |")
     if isinstance(d.stage.task, Language):
-        from ecp_lm.studies.language import compressors
-
-        for name, bits in compressors(d.stage.task.source, d.stage.task.report_tokens).items():
+        for name, bits in d.compressors.items():
             out.append(f"| {name} (reference) | — | — | {bits:.4f} | — | — |")
         out.append(f"| unigram entropy (chance) | — | — | {d.chance:.4f} | — | — |")
     else:
@@ -444,7 +445,7 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
     for name, d in data.items():
         params = analysis["parameters"][name]
         for point in (p for p in d.stage.points() if p in d.values):
-            lines += stage_table(d, point, root / name / budget, params)
+            lines += stage_table(d, point, params)
         if d.timed:
             lines += timed_lines(d, root / name / budget), ""
         fit_lines = [f"{key}: residual SD {f['residual_sd']:.4f} on {f['df']} df, "
