@@ -18,8 +18,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ecp_lm.studies.language import trial_means
-from ecp_lm.studies.rates import rate_key, rescue, rescue_rates, select_all
+from ecp_lm.studies.language import trial_means, trial_name
+from ecp_lm.studies.rates import rescue, rescue_rates, select_all
 from ecp_lm.studies.runner import Job, check_rates, run_jobs, step_times
 from ecp_lm.studies.spec import Recall, Stage, model_config
 
@@ -67,7 +67,7 @@ def run_recall(stage: Stage, out: Path, jobs: int, threads: int | None,
     level = chance(stage) + task.chance_margin
 
     def trials(asked: dict[str, list[float]]) -> dict[str, dict[float, float]]:
-        names = {(m, lr, s): f"select/{m}/lr{rate_key(lr)}" + (f"/seed{s}" if s else "")
+        names = {(m, lr, s): trial_name(m, lr, s)
                  for m, rates in asked.items() for lr in rates for s in stage.select_seeds}
         done = run_jobs([Job(name, recall_job, (stage, m, task.select_depth, s, lr,
                                                 task.select_steps, task.select_sequences,
