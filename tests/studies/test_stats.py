@@ -139,18 +139,47 @@ def test_a_primary_family_holds_at_most_ten():
         stats.compare(fits, many)
 
 
+def ones(values):
+    return values, np.ones(len(values))
+
+
 def test_the_bootstrap_over_documents_and_seeds():
     rng = np.random.default_rng(0)
-    docs = {("a", s): rng.normal(2.0, 0.3, 40) for s in range(4)}
-    same = {("b", s): docs["a", s] - 0.1 for s in range(4)}  # b is a, 0.1 better everywhere
-    low, high = stats.bootstrap({**docs, **same}, "a", "b", samples=300)
+    docs = {("a", s): ones(rng.normal(2.0, 0.3, 40)) for s in range(4)}
+    same = {("b", s): ones(docs["a", s][0] - 0.1) for s in range(4)}  # 0.1 better everywhere
+    pair = (("a", 1.0), ("b", -1.0))
+    low, high = stats.bootstrap({**docs, **same}, pair, samples=300)
     assert low == pytest.approx(0.1) and high == pytest.approx(0.1)
-    noisy = {("b", s): docs["a", s] + rng.normal(0, 0.2, 40) for s in range(4)}
-    low, high = stats.bootstrap({**docs, **noisy}, "a", "b", samples=500, seed=1)
-    assert low < 0 < high and stats.bootstrap({**docs, **noisy}, "a", "b", samples=500,
+    noisy = {("b", s): ones(docs["a", s][0] + rng.normal(0, 0.2, 40)) for s in range(4)}
+    low, high = stats.bootstrap({**docs, **noisy}, pair, samples=500, seed=1)
+    assert low < 0 < high and stats.bootstrap({**docs, **noisy}, pair, samples=500,
                                               seed=1) == (low, high)
     with pytest.raises(ValueError, match="same seeds"):
-        stats.bootstrap({**docs, ("b", 0): docs["a", 0]}, "a", "b")
+        stats.bootstrap({**docs, ("b", 9): docs["a", 0]}, pair)
+    with pytest.raises(ValueError, match="differ in number"):
+        stats.bootstrap({**docs, **{("b", s): ones(np.ones(39)) for s in range(4)}}, pair)
+
+
+def test_the_bootstrap_weighs_documents_by_their_bytes():
+    """A document's loss counts by its bytes, as in the run's bits per byte: a is 0.1
+    bits/byte worse on the long documents, 2 better on the short ones, so a − b is about
+    +0.1 by bytes and about −0.95 averaged over documents."""
+    size = np.tile([1000.0, 10.0], 20)
+    bits_a, bits_b = np.tile([2.0, 1.0], 20) * size, np.tile([1.9, 3.0], 20) * size
+    items = {**{("a", s): (bits_a, size) for s in range(3)},
+             **{("b", s): (bits_b, size) for s in range(3)}}
+    low, high = stats.bootstrap(items, (("a", 1.0), ("b", -1.0)), samples=300)
+    assert 0 < low < high < 0.2
+
+
+def test_the_bootstrap_of_an_interaction_resamples_the_same_items_in_every_cell():
+    rng = np.random.default_rng(2)
+    base = {s: rng.random(64) for s in range(5)}
+    items = {(c, s): ones(base[s] + gain) for s in range(5)
+             for c, gain in (("a@L2", 0.0), ("a@L4", 0.3), ("b@L2", 0.0), ("b@L4", 0.1))}
+    weights = (("a@L4", 1.0), ("a@L2", -1.0), ("b@L4", -1.0), ("b@L2", 1.0))
+    low, high = stats.bootstrap(items, weights, samples=200)
+    assert low == pytest.approx(0.2) and high == pytest.approx(0.2)
 
 
 def test_the_verdict_file_recomputes_from_its_runs():

@@ -8,6 +8,7 @@ invocation that trains nothing."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -122,7 +123,7 @@ def test_rates_are_chosen_on_the_selection_data_on_both_seeds(study, stage):
 def test_every_reported_point_is_scored_on_the_test_split(study):
     out, _ = study
     runs = run_results(out / "language" / "tiny")
-    scored = set()
+    scored, documents = set(), set()
     for (model, _, _), r in runs.items():
         assert [p["steps"] for p in r["points"]] == list(LANGUAGE.task.points)
         for p in r["points"]:
@@ -130,7 +131,12 @@ def test_every_reported_point_is_scored_on_the_test_split(study):
             assert p["bytes_scored"] == p["tokens_scored"] <= LANGUAGE.task.report_tokens
             scored.add(p["tokens_scored"])
             assert ("context_gain_bits" in p) == (model in LANGUAGE.task.context_models)
-    assert len(scored) == 1  # every model, seed and point on the same test bytes
+            docs = p["documents"]
+            assert sum(docs["bytes"]) == sum(docs["tokens"]) == p["bytes_scored"]
+            assert sum(docs["nll"]) / math.log(2) / sum(docs["bytes"]) == pytest.approx(
+                p["bits_per_byte"], rel=1e-9)
+            documents.add(tuple(docs["bytes"]))
+    assert len(scored) == len(documents) == 1  # every model, seed and point on the same bytes
 
 
 def test_the_matched_mixers_have_ecps_parameters_or_the_report_says_otherwise(study):
@@ -218,6 +224,12 @@ def test_the_reports_runs_are_the_result_files(study):
             for r in verdicts["runs"]]
     assert len(runs) == len(set(runs)) and set(runs) == expected
     assert verdicts["comparisons"] and verdicts["study"] == "evidence4"
+    finals = {"language": str(max(LANGUAGE.task.points)), "recall": str(RECALL.task.steps)}
+    for c in verdicts["comparisons"]:  # every item is stored: each final contrast resamples
+        final = c["point"] == finals[c["stage"]]
+        assert (c["bootstrap"] is not None) == final, c
+        if final:
+            assert c["bootstrap"][0] <= c["bootstrap"][1]
 
 
 def test_the_plan_prints_and_creates_nothing(tmp_path, capsys):

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -79,6 +79,22 @@ class TokenCache:
         if "index" in info:
             return np.load(self.directory / info["index"])
         return np.array([[info[k] for k in INDEX_COLUMNS]], dtype=np.int64)
+
+    def range_starts(self, split: str, range_bytes: Sequence[int]) -> np.ndarray:
+        """Token offsets where each of the source's byte ranges of the split begins (a
+        document of a source that keeps one per range), and the split's end: (ranges + 1,)
+        int64. A chunk never spans two ranges, so every range begins at a chunk of the index;
+        ValueError when the index says otherwise (a cache written before it had one, or from
+        other ranges)."""
+        index = self.chunk_index(split)
+        tokens = np.concatenate([[0], np.cumsum(index[:, 0])])
+        data = np.concatenate([[0], np.cumsum(index[:, 1])])
+        wanted = np.concatenate([[0], np.cumsum(np.asarray(range_bytes, dtype=np.int64))])
+        at = np.minimum(np.searchsorted(data, wanted), len(data) - 1)
+        if not np.array_equal(data[at], wanted):
+            raise ValueError(f"token cache {self.path}: the {split} split's chunks do not "
+                             f"begin where its {len(range_bytes)} ranges do")
+        return tokens[at]
 
     def text_size(self, split: str, start: int, stop: int) -> tuple[int, int, int]:
         """(bytes, words, lines) of the corpus text that ``tokens(split)[start:stop]`` encode:

@@ -9,12 +9,14 @@ same kind of source at another path (``data_path``), tokenized with the checkpoi
 
 from __future__ import annotations
 
+import itertools
 import os
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -71,7 +73,7 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
                         batch_size: int = 16, device: str = "cpu", max_tokens: int | None = None,
                         data_path: str | None = None, progress: bool = True,
                         precision: str | None = None, seq_len: int | None = None,
-                        start: int = 0) -> dict[str, Any]:
+                        start: int = 0, documents: bool = False) -> dict[str, Any]:
     """Score a checkpoint on a split of its data source (SPEC §6), or its classification accuracy
     for a pixel dataset. ``data_path`` scores the same kind of source at another location (the
     data moved, or another corpus) without touching the token cache the run trained on.
@@ -82,7 +84,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     (``progress``) says how many windows and tokens that is. ``start``: the stream begins at
     that token of the (cut) split, so that its first target is ``start + T - stride + 1``: two
     window lengths score the same targets when their starts differ by the difference of their
-    first targets."""
+    first targets. ``documents``: the report adds ``documents``, the scored part of each of the
+    split's documents (``document_scores``)."""
     _check_eval_args(split, stride, batch_size, max_tokens)
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ValueError(f"start={start!r} must be an integer >= 0")
@@ -105,10 +108,33 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     check_stride(stride, n, model.arch.num_predicted(n), cfg.model.arch)
     end, stream = len(tokens), tokens[start:]
     note(window_plan(len(stream), n, stride), progress)
+    targets = np.full(len(stream), np.nan) if documents else None
     nll, count = score_stream(model, stream, n, stride, batch_size, run.device, run.context,
-                              progress=progress)
-    report = lm_report(nll, count, scored_text(cache, split, start + n - stride + 1, end))
+                              progress=progress, target_nll=targets)
+    first = start + n - stride + 1
+    report = lm_report(nll, count, scored_text(cache, split, first, end))
+    if targets is not None:
+        source = open_source(cfg.data.source, data_path or cfg.data.path)
+        bounds = cache.range_starts(split, [b - a for _, a, b in source.ranges(split)])
+        report["documents"] = document_scores(cache, split, bounds, first, targets[first - start:])
     return {**run.head, "data": str(cache.path), "seq_len": n, "stride": stride, **report}
+
+
+def document_scores(cache: TokenCache, split: str, bounds: np.ndarray, first: int,
+                    nll: np.ndarray) -> dict[str, list]:
+    """The scored part of each document that holds a scored target: ``nll`` (nats summed over
+    its targets), ``bytes`` (of the text they encode) and ``tokens``, in document order.
+    ``bounds``: the split's document starts and its end (``TokenCache.range_starts``);
+    ``nll``: the loss of each target from split index ``first`` on."""
+    last = first + len(nll)
+    out: dict[str, list] = {"nll": [], "bytes": [], "tokens": []}
+    for a, b in itertools.pairwise(bounds):
+        lo, hi = max(int(a), first), min(int(b), last)
+        if lo < hi:
+            out["nll"].append(float(nll[lo - first:hi - first].sum()))
+            out["bytes"].append(cache.text_size(split, lo, hi)[0])
+            out["tokens"].append(hi - lo)
+    return out
 
 
 def per_position_checkpoint(path: str | Path, split: str = "valid", seq_len: int | None = None,

@@ -91,12 +91,18 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
                  batch_size: int = 16, device: torch.device | str = "cpu",
                  autocast: AbstractContextManager | None = None, rank: int = 0,
                  world_size: int = 1, progress: bool = False,
-                 stop: Callable[[], bool] | None = None) -> tuple[float, int]:
+                 stop: Callable[[], bool] | None = None,
+                 target_nll: np.ndarray | None = None) -> tuple[float, int]:
     """(nll_sum in nats, tokens scored) over the stream. With ``world_size`` > 1 each rank
     scores every world_size-th batch and the sums are all-reduced; every rank runs the same
     number of forward passes (a rank past the end repeats a batch and counts nothing), as
     FSDP's collectives require. On one process, ``stop()`` is asked before each batch: when
-    it says so, ``interrupts.AbandonedError`` is raised (the model's mode put back)."""
+    it says so, ``interrupts.AbandonedError`` is raised (the model's mode put back).
+    ``target_nll`` (one process only), an array as long as the stream, receives each scored
+    target's nll (nats) at the target's stream index; the others are left as they were."""
+    if target_nll is not None and (world_size > 1 or len(target_nll) != len(tokens)):
+        raise ValueError(f"target_nll: one process (world_size={world_size}) and "
+                         f"{len(tokens)} entries (got {len(target_nll)})")
     was_training = model.training
     model.eval()
     nll_sum = torch.zeros((), dtype=torch.float64, device=device)
@@ -124,6 +130,11 @@ def score_stream(model: nn.Module, tokens: np.ndarray, seq_len: int, stride: int
                 num_scored, device=device)[:, None]  # the last num_scored positions of each row
             nll_sum += nll[keep].double().sum()
             count += keep.sum()
+            if target_nll is not None:  # window start + N - P + 1 + j is row position j's target
+                rows, cols = keep.nonzero(as_tuple=True)
+                starts = torch.tensor([w.start for w in groups[index]], device=device)
+                at = (starts[rows] + (seq_len - p + 1) + cols).cpu().numpy()
+                target_nll[at] = nll[keep].double().cpu().numpy()
     if world_size > 1:
         torch.distributed.all_reduce(nll_sum)
         torch.distributed.all_reduce(count)

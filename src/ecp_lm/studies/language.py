@@ -5,8 +5,9 @@ validation split, every reported number from the test split.
    the validation split's first ``select_tokens``; the mean over the seeds chooses, the grid
    extended past an edge and a model at chance tried at the learners' rates (``rates``);
 2. **seeds**: every model runs the stage's seeds at its rate, one stable run each with an
-   annealed branch at every budget point (``anneal``), each scored once on the test split,
-   with the context gain of ``context_models``.
+   annealed branch at every budget point (``anneal``), each scored once on the test split
+   (each document's loss kept, for the bootstrap), with the context gain of
+   ``context_models``.
 
 Folders (under the stage's): ``select/MODEL/lrR`` (seed 0's trial; seed s's in ``.../seedS``),
 ``runs/MODEL/seedS``; each holds the job's ``result.json``. Nothing reported here chose
@@ -80,9 +81,10 @@ def report_score(run: Path, stage: Stage, model: str) -> dict[str, Any]:
 
     task: Language = stage.task
     report = evaluate_checkpoint(run / "latest", "test", max_tokens=task.report_tokens,
-                                 progress=False)
+                                 progress=False, documents=True)
     out = {"split": "test", "bits_per_byte": report["bits_per_byte"],
-           "bytes_scored": report["bytes_scored"], "tokens_scored": report["tokens_scored"]}
+           "bytes_scored": report["bytes_scored"], "tokens_scored": report["tokens_scored"],
+           "documents": report["documents"]}
     if model in task.context_models:
         out["context_gain_bits"] = context_gain(run / "latest", "test", task.size,
                                                 task.report_tokens, report)

@@ -19,6 +19,7 @@ Rules, each applied from the data and stated in the report:
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ class StageData:
     stage: Stage
     values: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     """{point: {cell: {seed: metric}}}"""
-    per_item: dict[tuple[str, int], list[float]] = field(default_factory=dict)
-    """{(cell, seed): per-query correctness or per-document loss} at the last point."""
+    per_item: dict[tuple[str, int], tuple[list[float], list[float]]] = field(
+        default_factory=dict)
+    """{(cell, seed): (each item's numerator, its denominator)} at the last point: queries'
+    correctness over 1, or documents' loss in bits over their bytes (``stats.bootstrap``)."""
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     undeclared: int = 0
@@ -114,6 +117,10 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
         for p in r["points"]:
             data.values.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
                 p["bits_per_byte"]
+            if str(p["steps"]) == data.final and "documents" in p:
+                docs = p["documents"]
+                data.per_item[name, seed] = ([v / math.log(2) for v in docs["nll"]],
+                                             [float(b) for b in docs["bytes"]])
             if "context_gain_bits" in p:
                 data.context.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
                     p["context_gain_bits"]
@@ -122,7 +129,8 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
     if "per_query" in r:
         from ecp_lm.studies.mqar import unpack_queries
 
-        data.per_item[name, seed] = [float(c) for c in unpack_queries(r["per_query"])[0]]
+        correct = [float(c) for c in unpack_queries(r["per_query"])[0]]
+        data.per_item[name, seed] = (correct, [1.0] * len(correct))
 
 
 def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None:
@@ -243,15 +251,14 @@ def by_cell(values: Mapping[tuple[str, int], float]) -> dict[str, list[float]]:
 
 
 def item_bootstrap(c: Contrast, d: StageData, level: float) -> list[float] | None:
-    """The bootstrap over items (queries or documents) and seeds of a pair contrast at the last
-    point, where every seed of both cells stored them; None otherwise."""
-    if len(c.weights) != 2 or c.point != d.final:
+    """The bootstrap over items (queries or documents) and seeds of a contrast at the last
+    point, where every seed of each of its cells stored them; None otherwise."""
+    cells = [m for m, _ in c.weights]
+    if c.point != d.final or any((m, s) not in d.per_item for m in cells
+                                 for s in d.stage.seeds):
         return None
-    a, b = (m for m, _ in c.weights)
-    items = {k: v for k, v in d.per_item.items() if k[0] in (a, b)}
-    if len(items) != 2 * len(d.stage.seeds):
-        return None
-    return list(stats.bootstrap(items, a, b, level=level))
+    items = {(m, s): d.per_item[m, s] for m in cells for s in d.stage.seeds}
+    return list(stats.bootstrap(items, c.weights, level=level))
 
 
 # The markdown -----------------------------------------------------------------------------

@@ -22,9 +22,9 @@ of m is tested at α / (m − k + 1), stopping at the first that fails; each pri
 drawn at the level its step used, so it excludes zero exactly where the comparison is called.
 Every other comparison is secondary: an unadjusted 95% interval, never a call.
 
-**Documents.** Where per-document losses are stored, ``bootstrap`` resamples documents and
-seeds together (the same documents for every model, as they were scored) and reports the
-percentile interval of the contrast beside the model's.
+**Items.** Where each document's loss (language) or each query's correctness (recall) is
+stored, ``bootstrap`` resamples seeds and items together (the same items for every model, as
+they were scored) and reports the percentile interval of the contrast beside the model's.
 
 Student's t distribution is computed in closed form for integer degrees of freedom
 (Abramowitz and Stegun 26.7.3–4), so no statistics package is needed.
@@ -239,29 +239,37 @@ def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Compariso
 
 # Documents and seeds ------------------------------------------------------------------------------
 
-def bootstrap(per_document: Mapping[tuple[str, Hashable], Sequence[float]], a: str, b: str,
-              samples: int = 2000, level: float = 1 - ALPHA, seed: int = 0
-              ) -> tuple[float, float]:
-    """The percentile interval of mean(a) − mean(b) when documents and seeds are resampled
-    together: each draw takes the seeds with replacement, and for each drawn seed the
-    documents with replacement (the same documents for both models), and averages the
-    per-document losses over them. ``per_document``: {(model, seed): losses in one document
-    order, the same for every key}."""
-    seeds = sorted({s for m, s in per_document if m == a}, key=str)
-    if seeds != sorted({s for m, s in per_document if m == b}, key=str) or not seeds:
-        raise ValueError(f"{a} and {b} need per-document losses at the same seeds")
-    docs = {len(per_document[m, s]) for m in (a, b) for s in seeds}
-    if len(docs) != 1:
-        raise ValueError(f"per-document losses of {a} and {b} differ in length: {sorted(docs)}")
+def bootstrap(items: Mapping[tuple[str, Hashable], tuple[Sequence[float], Sequence[float]]],
+              weights: Sequence[tuple[str, float]], samples: int = 2000,
+              level: float = 1 - ALPHA, seed: int = 0) -> tuple[float, float]:
+    """The percentile interval of the contrast Σ w_c · mean over seeds of cell c's metric when
+    seeds and items are resampled together: each draw takes the seeds with replacement and,
+    for each drawn seed, the items with replacement, the same items for every cell (all were
+    scored on them). A cell's metric at a seed is the ratio of its items' sums: ``items``
+    {(cell, seed): (numerators, denominators)} in one item order, the same for every key
+    (documents: loss in bits over bytes, so bits per byte; queries: correct over 1)."""
+    cells = [c for c, _ in weights]
+    seeds = sorted({s for c, s in items if c == cells[0]}, key=str)
+    if not seeds or any(sorted({s for c, s in items if c == x}, key=str) != seeds
+                        for x in cells):
+        raise ValueError(f"{', '.join(cells)} need items at the same seeds")
+    arrays = {c: np.asarray([items[c, s] for s in seeds], dtype=float) for c in cells}
+    shapes = {a.shape for a in arrays.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 3 or next(iter(shapes))[1] != 2:
+        raise ValueError(f"the items of {', '.join(cells)} differ in number: "
+                         f"{sorted(a.shape[-1] for a in arrays.values())}")
     rng = np.random.default_rng(seed)
-    diffs = np.stack([np.asarray(per_document[a, s], dtype=float)
-                      - np.asarray(per_document[b, s], dtype=float) for s in seeds])
-    n_seeds, n_docs = diffs.shape
+    n_seeds, _, n_items = next(iter(shapes))
     draws = np.empty(samples)
     for i in range(samples):
-        picked = diffs[rng.integers(0, n_seeds, n_seeds)]
-        columns = rng.integers(0, n_docs, (n_seeds, n_docs))
-        draws[i] = np.take_along_axis(picked, columns, axis=1).mean()
+        picked = rng.integers(0, n_seeds, n_seeds)
+        columns = rng.integers(0, n_items, (n_seeds, n_items))
+        total = 0.0
+        for c, w in weights:
+            num, den = (np.take_along_axis(arrays[c][picked, k], columns, axis=1).sum(axis=1)
+                        for k in (0, 1))
+            total += w * float(np.mean(num / den))
+        draws[i] = total
     tail = (1 - level) / 2
     low, high = np.quantile(draws, [tail, 1 - tail])
     return float(low), float(high)
