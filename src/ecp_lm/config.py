@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
-                          "gated_deltanet", "rwkv7")
+                          "gated_deltanet", "rwkv7", "rwkv4")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -52,8 +52,8 @@ class ModelConfig:
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
-    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``; or ``hybrid``, whose layers follow
-    ``layer_pattern``."""
+    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``; or ``hybrid``, whose layers
+    follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -100,8 +100,8 @@ class ModelConfig:
     """Taps of the short causal convolution of ``mamba2`` and ``gated_deltanet`` (default 4)."""
     chunk_size: int | None = None
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
-    ``gated_deltanet``, 32 for ``rwkv7``, each kind its own in a hybrid; set, every kind's); the
-    results do not depend on it beyond rounding."""
+    ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, each kind its own in a hybrid; set,
+    every kind's); the results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0

@@ -77,11 +77,12 @@ def test_measurements_run_on_the_cpu(tmp_path):
         choice = kernels["fastest"][arch]["256"]
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
     mixers = report["mixers"]
-    archs = ("mamba2", "gated_deltanet", "rwkv7")
+    archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
-    skipped = {c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}
-    assert skipped == {"flash-linear-attention's kernels run on CUDA, not cpu"}
+    skipped = {c["arch"]: c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}
+    assert skipped == {**{a: "flash-linear-attention's kernels run on CUDA, not cpu"
+                          for a in archs[:3]}, "rwkv4": "arch='rwkv4' has no 'fla' kernel"}
     assert "| mamba2 | 256 | chunked |" in done.stdout
     assert mixers["fastest"] == {a: {"256": {"fastest": "chunked", "auto_picks": "chunked"}}
                                  for a in archs}

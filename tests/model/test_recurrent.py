@@ -1,4 +1,4 @@
-"""The recurrent mixers (mamba2, gated_deltanet, rwkv7; SPEC §3d) on the shared skeleton.
+"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4; SPEC §3d) on the shared skeleton.
 
 Each mixer is checked against its definition written out here token by token from the layer's
 own parameters (every projection, convolution tap, gate and norm spelled out, in float64), on
@@ -125,8 +125,25 @@ def rwkv7_reference(m, u):
     return out @ m.out_proj.weight.T
 
 
+def rwkv4_reference(m, u):
+    """RWKV-4's time mix on one sequence u (T, d), the formulas of archs/rwkv4.py with the WKV
+    sums as written (no running maximum)."""
+    prev = torch.cat([torch.zeros(1, u.shape[1], dtype=u.dtype), u[:-1]])
+    xk, xv, xr = (u * m.time_mix[i] + prev * (1 - m.time_mix[i]) for i in range(3))
+    k, v, r = xk @ m.key.weight.T, xv @ m.value.weight.T, xr @ m.receptance.weight.T
+    w, bonus = -torch.exp(m.time_decay), m.time_first
+    wkv = torch.zeros_like(k)
+    for t in range(u.shape[0]):
+        num, den = torch.exp(bonus + k[t]) * v[t], torch.exp(bonus + k[t])
+        for i in range(t):
+            weight = torch.exp((t - 1 - i) * w + k[i])
+            num, den = num + weight * v[i], den + weight
+        wkv[t] = num / den
+    return (torch.sigmoid(r) * wkv) @ m.out_proj.weight.T
+
+
 REFERENCES = {"mamba2": mamba2_reference, "gated_deltanet": gated_deltanet_reference,
-              "rwkv7": rwkv7_reference}
+              "rwkv7": rwkv7_reference, "rwkv4": rwkv4_reference}
 
 
 def small_model(arch: str, **overrides):
@@ -212,7 +229,9 @@ def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch
         kernels.clear()
         sharp_model(arch, attn_impl=impl).loss(random_tokens(2, 9)).backward()
         assert set(kernels) == {expected}, impl
-    with pytest.raises(ValueError, match="flash-linear-attention's kernels run on CUDA"):
+    fla = "has no attn_impl='fla' kernel" if arch == "rwkv4" else \
+        "flash-linear-attention's kernels run on CUDA"
+    with pytest.raises(ValueError, match=fla):
         sharp_model(arch, attn_impl="fla")(random_tokens(1, 4))
 
 

@@ -29,6 +29,9 @@ from helpers import RECURRENT, random_tokens, sharp_model, tiny_config
 SETTINGS = ("chunk_size", "mixer_width", "state_size", "conv_size")
 
 
+DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8}
+
+
 def _settings(arch) -> dict[str, object]:
     return {name: getattr(arch.cfg, name) for name in SETTINGS}
 
@@ -36,11 +39,10 @@ def _settings(arch) -> dict[str, object]:
 @pytest.mark.parametrize(("a", "b"), list(itertools.combinations(RECURRENT, 2)))
 def test_each_kind_keeps_its_own_settings_in_either_order(a, b):
     """``a,b`` and ``b,a``: every layer has the settings of the pure model of its kind (rwkv7
-    chunks of 32 beside the others' 64), read from the layers the model built."""
+    chunks of 32 and rwkv4 8 beside the others' 64), read from the layers the model built."""
     pure = {kind: _settings(architecture(kind)(tiny_config(kind, seq_len=128)))
             for kind in (a, b)}
-    assert {pure[kind]["chunk_size"] for kind in (a, b)} == (
-        {32, 64} if "rwkv7" in (a, b) else {64})
+    assert {pure[kind]["chunk_size"] for kind in (a, b)} == {DEFAULT_CHUNK[a], DEFAULT_CHUNK[b]}
     for pattern in (f"{a},{b}", f"{b},{a}"):
         model = sharp_model("hybrid", layer_pattern=pattern, seq_len=128)
         for block, kind in zip(model.blocks, model.cfg.layer_archs, strict=True):

@@ -12,8 +12,8 @@ REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl
           "ppl_word_eos", "bytes_scored", "words_scored", "lines_scored", "examples", "accuracy")
 
 
-UNBOUNDED = ("ecp, sliding_window, block_local, s2, mamba2, gated_deltanet, rwkv7, and "
-             "hybrids of them")
+UNBOUNDED = ("ecp, sliding_window, block_local, s2, mamba2, gated_deltanet, rwkv7, rwkv4, "
+             "and hybrids of them")
 """The architectures that take inputs of any length, as the help names them (a test holds it
 to the registry's, ``evaluate.scoring.unbounded_text``; the help is built without torch)."""
 

@@ -58,7 +58,9 @@ class Block(nn.Module):
     query (PerceiverAR's layer 0, or the last layer, whose other rows nobody reads), the residual
     is those rows and the block returns only them. An architecture may map the rows to fewer
     between the two (``Architecture.compression``: compressed_double's history), or put a
-    recurrent mixer in attention's place (``Architecture.mixer``)."""
+    recurrent mixer in attention's place (``Architecture.mixer``), and a feed-forward of its own
+    in the skeleton's (``Architecture.feed_forward``: RWKV-4's channel mix, whose token shift
+    keeps its last input in the layer's cache, so every row of the block runs)."""
 
     def __init__(self, cfg: ModelConfig, arch: Architecture, rope: RotaryEmbedding | None,
                  layer: int):
@@ -68,24 +70,39 @@ class Block(nn.Module):
         self.attn = Attention(cfg, arch, rope) if mixer is None else mixer
         """The token mixer: attention, or the architecture's recurrent mixer."""
         self.ff_norm = nn.LayerNorm(cfg.d_model)
-        self.ff = FeedForward(cfg)
+        ff = arch.feed_forward(cfg, layer)
+        self.ff = FeedForward(cfg) if ff is None else ff
+        self.ff_state = ff is not None and hasattr(ff, "cache_shapes")
+        """Whether the feed-forward reads the row before each (and the cache's last row)."""
         self.dropout = Dropout(cfg.dropout)
         self.compress = arch.compression(layer)
 
     def forward(self, x: Tensor, rows: Rows, n_query: int, cache: Cache | None = None,
                 context: ContextGroup | None = None, rotation: Rotation | None = None
                 ) -> tuple[Tensor, Rows]:
-        update = self.attn(self.attn_norm(x), rows, n_query, cache, context, rotation)
-        x, rows = x[:, x.size(1) - n_query:] + self.dropout(update), rows.tail(n_query)
+        keep = x.size(1) if self.ff_state else n_query
+        update = self.attn(self.attn_norm(x), rows, keep, cache, context, rotation)
+        x, rows = x[:, x.size(1) - keep:] + self.dropout(update), rows.tail(keep)
         if self.compress is not None:
             x, rows = self.compress(x, rows)
+        if self.ff_state:
+            x = x + self.dropout(self.ff(self.ff_norm(x), cache))
+            return x[:, x.size(1) - n_query:], rows.tail(n_query)
         return x + self.dropout(self.ff(self.ff_norm(x))), rows
 
     def decode(self, x: Tensor, pos: Tensor, cache: Cache, span: int | None = None,
                rotation: Rotation | None = None) -> Tensor:
         """One token per batch row at positions ``pos`` (B,): (B, 1, d) -> (B, 1, d)."""
         x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
+        if self.ff_state:
+            return x + self.dropout(self.ff(self.ff_norm(x), cache, decode_linear))
         return x + self.dropout(self.ff(self.ff_norm(x), decode_linear))
+
+    def make_cache(self, batch_size: int, dtype: torch.dtype, device: torch.device) -> Cache:
+        """The layer's decoding cache: its mixer's, with the feed-forward's state beside."""
+        if self.ff_state:
+            return self.attn.make_cache(batch_size, dtype, device, self.ff.cache_shapes())
+        return self.attn.make_cache(batch_size, dtype, device)
 
 
 class LanguageModel(nn.Module):
@@ -227,7 +244,7 @@ class LanguageModel(nn.Module):
         dtype = dtype or self.compute_dtype(device.type)
         # Each layer's own (a hybrid's local layers keep their rings, its global the N, its
         # recurrent layers their states)
-        return [block.attn.make_cache(batch_size, dtype, device) for block in self.blocks]
+        return [block.make_cache(batch_size, dtype, device) for block in self.blocks]
 
     def prefill(self, tokens: Tensor, caches: list[Cache], start_pos: int = 0) -> Tensor:
         """Logits (B, T, V) of a prompt at positions ``start_pos`` .., filling empty caches."""

@@ -16,6 +16,7 @@ from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.hybrid import Hybrid
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
+from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
@@ -34,6 +35,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "mamba2": Mamba2,
     "gated_deltanet": GatedDeltaNet,
     "rwkv7": RWKV7,
+    "rwkv4": RWKV4,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

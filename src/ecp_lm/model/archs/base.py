@@ -253,6 +253,12 @@ class Architecture:
         Attention's interface), or None: the layer attends with this pattern."""
         return None
 
+    def feed_forward(self, cfg: ArchConfig, layer: int) -> nn.Module | None:
+        """The module that replaces the skeleton's feed-forward in layer ``layer`` (RWKV-4's
+        channel mix), or None: the skeleton's. One with ``cache_shapes`` keeps state in the
+        layer's cache (``forward(x, cache, linear)``)."""
+        return None
+
     def compression(self, layer: int) -> nn.Module | None:
         """A module that maps (x, rows) to fewer rows between the attention and the feed-forward
         of ``layer`` (compressed_double's history), or None."""

@@ -221,11 +221,12 @@ class RecurrentMixer(nn.Module):
             ) -> tuple[Tensor, dict[str, Tensor]]:
         raise NotImplementedError
 
-    def make_cache(self, batch_size: int, dtype: torch.dtype, device: torch.device
-                   ) -> StateCache:
+    def make_cache(self, batch_size: int, dtype: torch.dtype, device: torch.device,
+                   beside: dict[str, tuple[int, ...]] | None = None) -> StateCache:
+        """The mixer's state and, ``beside`` it, other state of its layer (a feed-forward's)."""
         # The state accumulates every position: float32 at least, whatever the model runs in.
-        return StateCache(batch_size, self.state_shapes(), torch.promote_types(dtype,
-                          torch.float32), device)
+        return StateCache(batch_size, {**self.state_shapes(), **(beside or {})},
+                          torch.promote_types(dtype, torch.float32), device)
 
     def kernel(self, x: Tensor) -> str:
         needs_backward = torch.is_grad_enabled() and x.requires_grad
@@ -235,7 +236,7 @@ class RecurrentMixer(nn.Module):
                 context: object = None, rotation: object = None) -> Tensor:
         """x (B, R, d) -> (B, n_query, d), the last n_query rows' outputs; with a cache, from
         its state (a filled one) and into it."""
-        state = _read(cache) if cache is not None and cache.filled else None
+        state = self.read_state(cache) if cache is not None and cache.filled else None
         kernel = self.kernel(x)
         y, new = (self.mix_chunked(x, state) if kernel == "chunked"
                   else self.mix(x, state, kernel))
@@ -272,9 +273,13 @@ class RecurrentMixer(nn.Module):
                rotation: object = None) -> Tensor:
         """One row per batch row, x (B, 1, d), from the cache's state and into it (tensor
         operations only: one compiled graph for every step)."""
-        y, new = self.mix(x, _read(cache), "reference")
+        y, new = self.mix(x, self.read_state(cache), "reference")
         _write(cache, new)
         return y
+
+    def read_state(self, cache: StateCache) -> dict[str, Tensor]:
+        """The mixer's own state tensors from the layer's cache."""
+        return {name: cache.read(name) for name in self.state_shapes()}
 
 
 def _recomputed(mixer: RecurrentMixer, rows: Tensor, state: dict[str, Tensor] | None
@@ -330,13 +335,9 @@ class _Recompute(torch.autograd.Function):
         return (None, None, None, *(next(found) if t.requires_grad else None for t in every))
 
 
-def _read(cache: StateCache) -> dict[str, Tensor]:
-    return {name: cache.read(name) for name in cache.names}
-
-
 def _write(cache: StateCache, state: dict[str, Tensor]) -> None:
-    for name in cache.names:
-        cache.write(name, state[name])
+    for name, value in state.items():
+        cache.write(name, value)
 
 
 class GatedRMSNorm(nn.Module):
