@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
-                          "gated_deltanet", "rwkv7", "rwkv4")
+                          "gated_deltanet", "rwkv7", "rwkv4", "mamba")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -52,8 +52,8 @@ class ModelConfig:
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
-    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``; or ``hybrid``, whose layers
-    follow ``layer_pattern``."""
+    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``; or ``hybrid``, whose
+    layers follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -90,18 +90,21 @@ class ModelConfig:
     StreamingLLM; decoding keeps them in k slots of their own, never evicted. 0 (default): none.
     Below ``window``; refused for a model without sliding_window layers."""
     mixer_width: int | None = None
-    """The width of a recurrent mixer's value stream, summed over its heads: ``mamba2``'s
-    expanded channels (default 2·d_model, Mamba-2's expand = 2) and ``gated_deltanet``'s values
-    (default 2·d_model, its expand_v = 2); a multiple of n_heads. ``ecp_lm.model.match_parameters``
-    sets it so that a model has another architecture's parameter count."""
+    """The width of a recurrent mixer's value stream, summed over its heads: ``mamba2``'s and
+    ``mamba``'s expanded channels (default 2·d_model, their expand = 2) and ``gated_deltanet``'s
+    values (default 2·d_model, its expand_v = 2); a multiple of n_heads for the two with heads.
+    ``ecp_lm.model.match_parameters`` sets it so that a model has another architecture's
+    parameter count."""
     state_size: int | None = None
-    """N: ``mamba2``'s state per channel (Mamba-2's d_state; default 64)."""
+    """N: the state per channel of ``mamba2`` (Mamba-2's d_state; default 64) and ``mamba``
+    (default 16)."""
     conv_size: int | None = None
-    """Taps of the short causal convolution of ``mamba2`` and ``gated_deltanet`` (default 4)."""
+    """Taps of the short causal convolution of ``mamba2``, ``mamba`` and ``gated_deltanet``
+    (default 4)."""
     chunk_size: int | None = None
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
-    ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, each kind its own in a hybrid; set,
-    every kind's); the results do not depend on it beyond rounding."""
+    ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, 16 for ``mamba``, each kind its own
+    in a hybrid; set, every kind's); the results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0

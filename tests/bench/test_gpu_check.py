@@ -77,12 +77,13 @@ def test_measurements_run_on_the_cpu(tmp_path):
         choice = kernels["fastest"][arch]["256"]
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
     mixers = report["mixers"]
-    archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4")
+    archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
     skipped = {c["arch"]: c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}
     assert skipped == {**{a: "flash-linear-attention's kernels run on CUDA, not cpu"
-                          for a in archs[:3]}, "rwkv4": "arch='rwkv4' has no 'fla' kernel"}
+                          for a in archs[:3]},
+                       **{a: f"arch={a!r} has no 'fla' kernel" for a in archs[3:]}}
     assert "| mamba2 | 256 | chunked |" in done.stdout
     assert mixers["fastest"] == {a: {"256": {"fastest": "chunked", "auto_picks": "chunked"}}
                                  for a in archs}

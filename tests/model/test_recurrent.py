@@ -1,4 +1,5 @@
-"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4; SPEC §3d) on the shared skeleton.
+"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba; SPEC §3d) on the shared
+skeleton.
 
 Each mixer is checked against its definition written out here token by token from the layer's
 own parameters (every projection, convolution tap, gate and norm spelled out, in float64), on
@@ -142,8 +143,27 @@ def rwkv4_reference(m, u):
     return (torch.sigmoid(r) * wkv) @ m.out_proj.weight.T
 
 
-REFERENCES = {"mamba2": mamba2_reference, "gated_deltanet": gated_deltanet_reference,
-              "rwkv7": rwkv7_reference, "rwkv4": rwkv4_reference}
+def mamba_reference(m, u):
+    """Mamba's layer on one sequence u (T, d), the formulas of archs/mamba.py."""
+    e, n = m.width, m.state
+    x, z = (u @ m.in_proj.weight.T).split([e, e], dim=-1)
+    x = F.silu(conv_reference(m.conv.conv.weight, m.conv.conv.bias, x))
+    delta, b, c = (x @ m.x_proj.weight.T).split([m.rank, n, n], dim=-1)
+    dt = F.softplus(delta @ m.dt_weight.T + m.dt_bias)
+    a = -torch.exp(m.A_log)
+    h = torch.zeros(e, n, dtype=u.dtype)
+    y = torch.zeros(u.shape[0], e, dtype=u.dtype)
+    for t in range(u.shape[0]):
+        for channel in range(e):
+            h[channel] = (torch.exp(dt[t, channel] * a[channel]) * h[channel]
+                          + dt[t, channel] * x[t, channel] * b[t])
+            y[t, channel] = h[channel] @ c[t] + m.D[channel] * x[t, channel]
+    return (y * F.silu(z)) @ m.out_proj.weight.T
+
+
+REFERENCES = {"mamba": mamba_reference, "mamba2": mamba2_reference,
+              "gated_deltanet": gated_deltanet_reference, "rwkv7": rwkv7_reference,
+              "rwkv4": rwkv4_reference}
 
 
 def small_model(arch: str, **overrides):
@@ -229,7 +249,7 @@ def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch
         kernels.clear()
         sharp_model(arch, attn_impl=impl).loss(random_tokens(2, 9)).backward()
         assert set(kernels) == {expected}, impl
-    fla = "has no attn_impl='fla' kernel" if arch == "rwkv4" else \
+    fla = "has no attn_impl='fla' kernel" if arch in ("rwkv4", "mamba") else \
         "flash-linear-attention's kernels run on CUDA"
     with pytest.raises(ValueError, match=fla):
         sharp_model(arch, attn_impl="fla")(random_tokens(1, 4))

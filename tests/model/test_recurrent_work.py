@@ -29,7 +29,7 @@ from helpers import RECURRENT, random_tokens, sharp_model, tiny_config
 SETTINGS = ("chunk_size", "mixer_width", "state_size", "conv_size")
 
 
-DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8}
+DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8, "mamba": 16}
 
 
 def _settings(arch) -> dict[str, object]:
@@ -39,7 +39,8 @@ def _settings(arch) -> dict[str, object]:
 @pytest.mark.parametrize(("a", "b"), list(itertools.combinations(RECURRENT, 2)))
 def test_each_kind_keeps_its_own_settings_in_either_order(a, b):
     """``a,b`` and ``b,a``: every layer has the settings of the pure model of its kind (rwkv7
-    chunks of 32 and rwkv4 8 beside the others' 64), read from the layers the model built."""
+    chunks of 32, rwkv4 8 and mamba 16 beside the others' 64), read from the layers the model
+    built."""
     pure = {kind: _settings(architecture(kind)(tiny_config(kind, seq_len=128)))
             for kind in (a, b)}
     assert {pure[kind]["chunk_size"] for kind in (a, b)} == {DEFAULT_CHUNK[a], DEFAULT_CHUNK[b]}

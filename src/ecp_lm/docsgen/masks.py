@@ -15,14 +15,16 @@ and columns are positions the layer holds no row for. Each panel's ``<g>`` carri
 picture back and compare it with the predicate. Coordinates are integers, so the bytes are the
 same wherever the pictures are drawn.
 
-A recurrent mixer's predicate (mamba2, gated_deltanet, rwkv7, rwkv4) is causal: not keys it attends
-to, but the positions its output depends on, through the state.
+A recurrent mixer's predicate (mamba2, gated_deltanet, rwkv7, rwkv4, mamba) is causal: not keys
+it attends to, but the positions its output depends on, through the state.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
+
+from ecp_lm.config import ARCHS
 
 SEQ_LEN, NUM_SEGMENTS, N_LAYERS, N_HEADS = 32, 4, 3, 2
 CELL = 8
@@ -31,9 +33,7 @@ GAP, LEFT, TOP = 28, 16, 40
 """Pixels between panels, before the first panel and above the panels (for their titles)."""
 
 PICTURES: dict[str, dict[str, object]] = {
-    **{arch: {"arch": arch} for arch in (
-        "transformer", "perceiver_ar", "double", "compressed_double", "ssplit", "ecp",
-        "sliding_window", "block_local", "s2", "mamba2", "gated_deltanet", "rwkv7", "rwkv4")},
+    **{arch: {"arch": arch} for arch in ARCHS},
     "hybrid_ecp": {"arch": "hybrid", "layer_pattern": "ecp*2,transformer"},
     "hybrid_sliding_window": {"arch": "hybrid", "layer_pattern": "sliding_window*2,transformer"},
     "hybrid_mamba2": {"arch": "hybrid", "layer_pattern": "mamba2*2,sliding_window"},

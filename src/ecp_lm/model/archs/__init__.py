@@ -14,6 +14,7 @@ from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.hybrid import Hybrid
+from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
 from ecp_lm.model.archs.rwkv4 import RWKV4
@@ -36,6 +37,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "gated_deltanet": GatedDeltaNet,
     "rwkv7": RWKV7,
     "rwkv4": RWKV4,
+    "mamba": Mamba,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

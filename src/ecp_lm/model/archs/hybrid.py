@@ -16,10 +16,10 @@ What the model as a whole accepts follows from its layers:
 - with local layers only, any length, from any position where every layer's pattern starts
   (a multiple of each period); decoding runs without end on the rings, and uncached generation
   reads the receptive field the layers compose, from the top layer down;
-- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4) and no global one, any length from
-  any position the other layers allow; decoding keeps each recurrent layer's state beside the
-  other layers' rings, and uncached generation reads the whole sequence (the state depends on
-  every position); RoPE rotates the attention layers only;
+- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba) and no global one, any
+  length from any position the other layers allow; decoding keeps each recurrent layer's state
+  beside the other layers' rings, and uncached generation reads the whole sequence (the state
+  depends on every position); RoPE rotates the attention layers only;
 - context parallelism where every layer has a halo (local layers only).
 """
 
@@ -34,6 +34,7 @@ from ecp_lm.model.archs.base import ArchConfig, Architecture, BandArchitecture
 from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
+from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
@@ -51,6 +52,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "gated_deltanet": GatedDeltaNet,
     "rwkv7": RWKV7,
     "rwkv4": RWKV4,
+    "mamba": Mamba,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:
