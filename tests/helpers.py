@@ -10,8 +10,9 @@ from ecp_lm import ModelConfig, build_model
 # SPEC §3 and §3b: the perceiver family predicts its last min(l, T) positions within a window of
 # N; every other architecture predicts every position, and these accept any input length.
 PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
-RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba")  # SPEC §3d: no attention
-UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", *RECURRENT)
+RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm")  # SPEC §3d
+NO_ATTENTION = (*RECURRENT, "xlstm")  # xlstm: a stack of mlstm and slstm layers
+UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", *NO_ATTENTION)
 
 # N = 32, l = 16 (h = 16), S = 4: ECP m = 8, s-Split history segments of 4, compressed p = 8;
 # sliding_window w = 13 (ECP's cost), block_local b = 16, s2 groups of 8.

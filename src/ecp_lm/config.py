@@ -31,12 +31,17 @@ if TYPE_CHECKING:
 
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
-                          "gated_deltanet", "rwkv7", "rwkv4", "mamba")
+                          "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
+                          "xlstm")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
 HYBRID = "hybrid"
 """``arch`` of a model whose layers follow ``layer_pattern``, each an architecture of its own."""
+STACKS: dict[str, str] = {"xlstm": "mlstm,slstm,mlstm*6"}
+"""Named stacks: an ``arch`` whose layers follow ``layer_pattern`` of its own kinds, and the
+pattern it takes when none is set (xLSTM[7:1], its sLSTM block second, as xLSTM's code
+places it)."""
 
 MAX_VOCAB = 1 << 32
 """The most token ids a model may have: a token cache stores ids as 32-bit unsigned integers."""
@@ -52,8 +57,8 @@ class ModelConfig:
     arch: str = "ecp"
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
-    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``; or ``hybrid``, whose
-    layers follow ``layer_pattern``."""
+    mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
+    ``slstm`` and their stack ``xlstm``; or ``hybrid``, whose layers follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -99,12 +104,12 @@ class ModelConfig:
     """N: the state per channel of ``mamba2`` (Mamba-2's d_state; default 64) and ``mamba``
     (default 16)."""
     conv_size: int | None = None
-    """Taps of the short causal convolution of ``mamba2``, ``mamba`` and ``gated_deltanet``
-    (default 4)."""
+    """Taps of the short causal convolution of ``mamba2``, ``mamba``, ``gated_deltanet``,
+    ``mlstm`` and ``slstm`` (default 4)."""
     chunk_size: int | None = None
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
-    ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, 16 for ``mamba``, each kind its own
-    in a hybrid; set, every kind's); the results do not depend on it beyond rounding."""
+    ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, 16 for ``mamba`` and ``mlstm``, each kind
+    its own in a hybrid; set, every kind's); the results do not depend on it beyond rounding."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -142,8 +147,10 @@ class ModelConfig:
     ``mamba2*3,transformer`` (Nemotron-H), ``gated_deltanet*3,transformer`` (Qwen3-Next),
     ``mamba2,sliding_window`` (Samba). A layer may be ``transformer`` (a global layer), a local
     one, ``ecp``, ``sliding_window``, ``block_local``, ``s2``, or a recurrent mixer, ``mamba2``,
-    ``gated_deltanet``, ``rwkv7``, each sized by its own fields as in the pure architecture.
-    Unset (every other arch): every layer is ``arch``."""
+    ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, ``mlstm``, ``slstm``, each sized by its
+    own fields as in the pure architecture. ``arch: xlstm``'s layers: ``mlstm`` and ``slstm``
+    only (unset: ``mlstm,slstm,mlstm*6``, xLSTM[7:1]). Unset (every other arch): every layer is
+    ``arch``."""
     rope_base: float = 10000.0
     """RoPE's base θ: layer feature pair i turns by ``pos · θ^(-2i/D)``."""
     global_rope: str | None = None
@@ -226,10 +233,10 @@ class ModelConfig:
             if not isinstance(self.layer_pattern, str):
                 raise ValueError(f"layer_pattern={self.layer_pattern!r} must be a string of "
                                  "architecture names, e.g. 'ecp*3,transformer'")
-            if self.arch != HYBRID:
+            if self.arch != HYBRID and self.arch not in STACKS:
                 raise ValueError(f"layer_pattern={self.layer_pattern!r} is set, but "
                                  f"arch={self.arch!r}: a model whose layers follow a pattern "
-                                 "is arch='hybrid'")
+                                 f"is arch='hybrid' (or a stack: {', '.join(STACKS)})")
             tile_pattern(self.layer_pattern, self.n_layers)  # ValueError for a malformed one
         for name in ("rope_base", "rope_base_global"):
             value = getattr(self, name)
@@ -265,14 +272,16 @@ class ModelConfig:
     @property
     def layer_unit(self) -> list[str]:
         """The repeating unit of ``layer_archs``: ``layer_pattern``'s names, or ``arch``."""
-        return [self.arch] if self.layer_pattern is None else pattern_unit(self.layer_pattern)
+        pattern = self.layer_pattern or STACKS.get(self.arch)
+        return [self.arch] if pattern is None else pattern_unit(pattern)
 
     @property
     def layer_archs(self) -> list[str]:
         """Each layer's architecture: ``layer_pattern`` tiled over the layers, or ``arch``."""
-        if self.layer_pattern is None:
+        pattern = self.layer_pattern or STACKS.get(self.arch)
+        if pattern is None:
             return [self.arch] * self.n_layers
-        return tile_pattern(self.layer_pattern, self.n_layers)
+        return tile_pattern(pattern, self.n_layers)
 
     def layer_config(self, arch: str) -> ModelConfig:
         """The config of a pure ``arch`` model with this one's shared fields and the sizes

@@ -8,7 +8,7 @@ import pytest
 
 from ecp_lm.bench.complexity import attention_cost, compare, format_table
 from ecp_lm.config import ARCHS, ModelConfig
-from helpers import RECURRENT
+from helpers import NO_ATTENTION
 
 
 def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int], bool]]]:
@@ -51,7 +51,7 @@ def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int
         later = [(range(r - l, r) if i == last else range(r), range(r),
                   double(cfg.compressed_len)) for i in range(1, num_layers)]
         return [(range(n), range(n), double(h)), *later]
-    if cfg.arch in RECURRENT:  # SPEC §3d: no attention, no entries
+    if cfg.arch in NO_ATTENTION:  # SPEC §3d: no attention, no entries
         return [(range(0), range(0), causal)] * num_layers
     # SPEC §3b: every layer queries every position.
     if cfg.arch == "sliding_window":
@@ -142,7 +142,7 @@ def test_tile_entries_small_cases() -> None:
         "sliding_window": [7 * 7 + 7 * 14 + 2 * 9] * 3,
         "block_local": [2 * 8 * 8] * 3,  # b = 2m = 8
         "s2": [(4 * 16 + (4 + 3 * 16 + 4)) // 2] * 3,  # G = 4: squares of 4,4,4,4 | 2,4,4,4,2
-        **{arch: [0] * 3 for arch in RECURRENT},  # no attention
+        **{arch: [0] * 3 for arch in NO_ATTENTION},  # no attention
     }
     for cost in compare(base, ARCHS):
         assert list(cost.tile_entries_per_layer) == expected[cost.arch], cost.arch

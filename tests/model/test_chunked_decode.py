@@ -11,7 +11,7 @@ import torch
 from ecp_lm.bench.core import CreatedBytes
 from ecp_lm.model import attention as skeleton
 from ecp_lm.model.cache import KVCache
-from helpers import RECURRENT, UNBOUNDED, random_tokens, sharp_model
+from helpers import NO_ATTENTION, UNBOUNDED, random_tokens, sharp_model
 
 # N = 16, S = 4: ECP m = 4 (a ring of 2m = 8), sliding_window w = 7, block_local b = 8, s2
 # groups of 4: every ring wraps many times over a sequence of 12m = 3N.
@@ -43,7 +43,7 @@ RING_CACHED = {
 }
 """Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
 LOCAL = [name for name, (_, overrides) in RING_CACHED.items()
-         if overrides is SMALL and name not in RECURRENT]
+         if overrides is SMALL and name not in NO_ATTENTION]
 """The local attention ones without sinks: they also run a window at any offset (sinks start at
 0)."""
 

@@ -7,8 +7,8 @@ import torch
 
 from ecp_lm import build_model
 from helpers import (
+    NO_ATTENTION,
     PERCEIVER_FAMILY,
-    RECURRENT,
     TINY,
     UNBOUNDED,
     random_tokens,
@@ -89,7 +89,7 @@ def test_ecp_receptive_field(n_layers):
 @pytest.mark.parametrize("overrides", [{}, dict(tied_kv=True), dict(tie_embeddings=True),
                                        dict(rope="first"), dict(num_classes=3)])
 def test_every_parameter_gets_a_gradient(arch, overrides):
-    if arch in RECURRENT and "tied_kv" in overrides:  # no attention, no keys to tie
+    if arch in NO_ATTENTION and "tied_kv" in overrides:  # no attention, no keys to tie
         with pytest.raises(ValueError, match="tied_kv=True .* has no attention"):
             tiny_config(arch, **overrides)
         return

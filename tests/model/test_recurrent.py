@@ -1,5 +1,5 @@
-"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba; SPEC §3d) on the shared
-skeleton.
+"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm; SPEC §3d)
+on the shared skeleton.
 
 Each mixer is checked against its definition written out here token by token from the layer's
 own parameters (every projection, convolution tap, gate and norm spelled out, in float64), on
@@ -161,9 +161,71 @@ def mamba_reference(m, u):
     return (y * F.silu(z)) @ m.out_proj.weight.T
 
 
+def block_diagonal(weight, x):
+    """x (T, n·b) through n blocks weight (n, b, b): block j maps x's j-th b channels."""
+    n, b, _ = weight.shape
+    return torch.cat([x[:, j * b:(j + 1) * b] @ weight[j] for j in range(n)], dim=-1)
+
+
+def head_norm(x, weight, heads, eps=1e-6):
+    parts = []
+    for g in x.split(x.shape[-1] // heads, dim=-1):
+        parts.append((g - g.mean(-1, keepdim=True))
+                     / torch.sqrt(g.var(-1, unbiased=False, keepdim=True) + eps))
+    return torch.cat(parts, dim=-1) * weight
+
+
+def mlstm_reference(m, u):
+    """xLSTM's mLSTM block on one sequence u (T, d), the formulas of archs/xlstm.py, its cell
+    stabilised step by step as xLSTM's own code writes it."""
+    e, h = m.width, m.heads
+    dh = e // h
+    x, z = (u @ m.up.weight.T).split([e, e], dim=-1)
+    xc = F.silu(conv_reference(m.conv.conv.weight, m.conv.conv.bias, x))
+    q, k, v = (block_diagonal(w.weight, a) for w, a in ((m.q, xc), (m.k, xc), (m.v, x)))
+    qkv = torch.cat([q, k, v], dim=-1)
+    i_pre = qkv @ m.gate_weight[0].T + m.gate_bias[0]  # (T, H)
+    f_pre = qkv @ m.gate_weight[1].T + m.gate_bias[1]
+    out = torch.zeros(u.shape[0], e, dtype=u.dtype)
+    for head in range(h):
+        cols = slice(head * dh, (head + 1) * dh)
+        c, n, top = torch.zeros(dh, dh, dtype=u.dtype), torch.zeros(dh, dtype=u.dtype), 0.0
+        for t in range(u.shape[0]):
+            log_f = F.logsigmoid(f_pre[t, head])
+            new = torch.maximum(log_f + top, i_pre[t, head])
+            keep, write = torch.exp(log_f + top - new), torch.exp(i_pre[t, head] - new)
+            c = keep * c + write * torch.outer(k[t, cols], v[t, cols])
+            n = keep * n + write * k[t, cols]
+            top = new
+            qt = q[t, cols] / dh ** 0.5
+            out[t, cols] = (qt @ c) / (torch.maximum((qt @ n).abs(), torch.exp(-top)) + 1e-6)
+    y = head_norm(out, m.norm_weight, h) + m.skip * xc
+    return (y * F.silu(z)) @ m.out_proj.weight.T
+
+
+def slstm_reference(m, u):
+    """xLSTM's sLSTM layer on one sequence u (T, d), the formulas of archs/xlstm.py, without
+    the stabiliser (c and n as the paper's eqs. 8–13 write them)."""
+    d, h = m.d_model, m.heads
+    dh = d // h
+    xc = F.silu(conv_reference(m.conv.conv.weight, m.conv.conv.bias, u))
+    wx = [block_diagonal(g.weight, a) for g, a in zip(m.gates, (u, xc, xc, u), strict=True)]
+    hs, c, n = (torch.zeros(d, dtype=u.dtype) for _ in range(3))
+    out = torch.zeros(u.shape[0], d, dtype=u.dtype)
+    for t in range(u.shape[0]):
+        rec = [torch.cat([hs[x * dh:(x + 1) * dh] @ m.r[g, x] for x in range(h)]) for g in range(4)]
+        pre = [wx[g][t] + rec[g] + m.bias[g].flatten() for g in range(4)]
+        c = torch.sigmoid(pre[2]) * c + torch.exp(pre[1]) * torch.tanh(pre[0])
+        n = torch.sigmoid(pre[2]) * n + torch.exp(pre[1])
+        hs = torch.sigmoid(pre[3]) * c / n
+        out[t] = hs
+    return head_norm(out, m.norm_weight, h)
+
+
 REFERENCES = {"mamba": mamba_reference, "mamba2": mamba2_reference,
               "gated_deltanet": gated_deltanet_reference, "rwkv7": rwkv7_reference,
-              "rwkv4": rwkv4_reference}
+              "rwkv4": rwkv4_reference, "mlstm": mlstm_reference, "slstm": slstm_reference}
+
 
 
 def small_model(arch: str, **overrides):
@@ -177,7 +239,8 @@ def small_model(arch: str, **overrides):
 def test_each_mixer_is_its_definition(arch, kernel):
     """The layer (chunks of 5 over 13 tokens: a partial last chunk) against the formulas,
     written out token by token; then the same sequence in three pieces through a cache."""
-    model = small_model(arch, chunk_size=5, attn_impl=kernel)
+    chunks = {"chunk_size": 5} if "chunk_size" in architecture(arch).size_fields else {}
+    model = small_model(arch, attn_impl=kernel, **chunks)
     mixer = model.blocks[0].attn
     u = torch.randn(2, 13, SIZES["d_model"], dtype=torch.float64,
                     generator=torch.Generator().manual_seed(1))
@@ -249,7 +312,7 @@ def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch
         kernels.clear()
         sharp_model(arch, attn_impl=impl).loss(random_tokens(2, 9)).backward()
         assert set(kernels) == {expected}, impl
-    fla = "has no attn_impl='fla' kernel" if arch in ("rwkv4", "mamba") else \
+    fla = "has no attn_impl='fla' kernel" if arch in ("rwkv4", "mamba", "mlstm", "slstm") else \
         "flash-linear-attention's kernels run on CUDA"
     with pytest.raises(ValueError, match=fla):
         sharp_model(arch, attn_impl="fla")(random_tokens(1, 4))

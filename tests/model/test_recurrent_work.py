@@ -29,7 +29,13 @@ from helpers import RECURRENT, random_tokens, sharp_model, tiny_config
 SETTINGS = ("chunk_size", "mixer_width", "state_size", "conv_size")
 
 
-DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8, "mamba": 16}
+def chunks(size: int, arch: str) -> dict[str, int]:
+    """chunk_size=size where ``arch`` has chunks (sLSTM's cell has none)."""
+    return {"chunk_size": size} if "chunk_size" in architecture(arch).size_fields else {}
+
+
+DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8, "mamba": 16,
+                 "mlstm": 16, "slstm": None}
 
 
 def _settings(arch) -> dict[str, object]:
@@ -106,8 +112,8 @@ def test_groups_compute_the_recurrence_forward_and_backward(arch, monkeypatch):
     """Groups of two chunks of 4 over 37 tokens (five groups, the last one partial): the chunked
     layer's output and every gradient equal the token-by-token recurrence's, in float64."""
     monkeypatch.setattr(recurrent, "GROUP_TOKENS", 8)
-    grouped = sharp_model(arch, chunk_size=4, attn_impl="chunked").double().train()
-    reference = sharp_model(arch, chunk_size=4, attn_impl="reference").double().train()
+    grouped = sharp_model(arch, attn_impl="chunked", **chunks(4, arch)).double().train()
+    reference = sharp_model(arch, attn_impl="reference", **chunks(4, arch)).double().train()
     reference.load_state_dict(grouped.state_dict())
     tokens = random_tokens(2, 38, seed=2)
     losses = [model.loss(tokens) for model in (grouped, reference)]
@@ -124,7 +130,7 @@ def test_backward_recomputes_each_group_exactly_under_its_autocast(arch, monkeyp
     bit for bit the output (and dtype) the group gave in the forward, so its gradients are
     those of the forward that ran; every parameter gets one."""
     monkeypatch.setattr(recurrent, "GROUP_TOKENS", 8)
-    model = sharp_model(arch, chunk_size=4, attn_impl="chunked").train()
+    model = sharp_model(arch, attn_impl="chunked", **chunks(4, arch)).train()
     mixer_class = type(model.blocks[0].attn)
     real, seen = mixer_class.mix, {}
 
@@ -179,7 +185,7 @@ def test_a_layer_of_several_groups_compiles_to_one_graph(arch, monkeypatch):
     from ecp_lm.model.loss import next_token_loss
 
     monkeypatch.setattr(recurrent, "GROUP_TOKENS", 8)
-    model = sharp_model(arch, chunk_size=4).train()
+    model = sharp_model(arch, **chunks(4, arch)).train()
     tokens = random_tokens(2, 31)
     torch._dynamo.reset()
     try:

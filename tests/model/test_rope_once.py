@@ -11,7 +11,7 @@ import torch
 from ecp_lm.config import ARCHS
 from ecp_lm.model.attention import Attention
 from ecp_lm.model.rope import RotaryEmbedding, frequencies, rotate
-from helpers import RECURRENT, random_tokens, sharp_model
+from helpers import NO_ATTENTION, random_tokens, sharp_model
 
 LAYERS = 4
 TWO_LAYOUTS = ("perceiver_ar", "compressed_double")  # the latents / the compressed history
@@ -52,7 +52,7 @@ def test_angles_once_per_row_layout(arch, angle_calls):
     with torch.no_grad():
         model.hidden_states(tokens)
     # a recurrent mixer has no positions to rotate: no angles at all
-    expected = 0 if arch in RECURRENT else 2 if arch in TWO_LAYOUTS else 1
+    expected = 0 if arch in NO_ATTENTION else 2 if arch in TWO_LAYOUTS else 1
     assert len(angle_calls) == len(layouts) == expected
     assert len(angle_calls) < 2 * LAYERS  # each layer's queries and keys once, before
 

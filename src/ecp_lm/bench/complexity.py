@@ -24,13 +24,13 @@ FLOPs are forward attention FLOPs, 4 · d_model · entries: QKᵀ and PV each co
 softmax and the feed-forward are not included. The tests check ``entries`` against a brute-force
 count of the materialised masks.
 
-A recurrent mixer's layer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba; SPEC §3d) has no
-attention entries. Its cost is the recurrence's own forward FLOPs over the window in the chunked
+A recurrent mixer's layer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm; SPEC §3d) has
+no attention entries. Its cost is the recurrence's own forward FLOPs over the window in the chunked
 form (``Recurrent.mixer_flops``, per token: the chunk's whole square counted, as tiles count
-attention; projections excluded, as for attention), and its decoding memory the state's bytes
-per batch row, the same at every position. For an attention layer the decoding memory is its
-key/value cache, 2 · capacity · d_model numbers (none where decoding recomputes: the perceiver
-family). Both in float32.
+attention; projections excluded, as for attention), and its decoding memory the state's bytes per
+batch row, the same at every position. For an attention layer the decoding memory is its key/value
+cache, 2 · capacity · d_model numbers (none where decoding recomputes: the perceiver family). Both
+in float32.
 """
 
 from __future__ import annotations

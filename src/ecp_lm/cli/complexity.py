@@ -23,7 +23,7 @@ SIZE_OVERRIDES = {
     "mixer_width": "W: the value width of mamba2 and gated_deltanet (default 2·d_model)",
     "state_size": "mamba2's state per channel (default 64)",
     "conv_size": "the short convolution's taps of mamba2 and gated_deltanet (default 4)",
-    "chunk_size": "the recurrent mixers' chunk (default 64; rwkv7 32, rwkv4 8, mamba 16)",
+    "chunk_size": "the recurrent mixers' chunk (default 64; rwkv7 32, rwkv4 8, mamba and mlstm 16)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

@@ -15,8 +15,8 @@ and columns are positions the layer holds no row for. Each panel's ``<g>`` carri
 picture back and compare it with the predicate. Coordinates are integers, so the bytes are the
 same wherever the pictures are drawn.
 
-A recurrent mixer's predicate (mamba2, gated_deltanet, rwkv7, rwkv4, mamba) is causal: not keys
-it attends to, but the positions its output depends on, through the state.
+A recurrent mixer's predicate (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm) is
+causal: not keys it attends to, but the positions its output depends on, through the state.
 """
 
 from __future__ import annotations

@@ -26,7 +26,8 @@ parameters' dtype, or the autocast dtype when generation runs under ``torch.auto
 - sliding_window with ``sink_tokens`` = k: k sink slots before the ring of w. Positions 0 .. k - 1
   live in slots 0 .. k - 1 and are never overwritten; position p >= k lives in slot
   k + (p - k) mod w (``slot``). With k = 0 that is p mod capacity.
-- mamba2, gated_deltanet, rwkv7, rwkv4, mamba: no key/value slots. A recurrent mixer's cache is its
+- the recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm): no
+  key/value slots. A recurrent mixer's cache is its
   state after the last position and the last inputs of its short convolution or token shift
   (RWKV-4's channel mix's too: ``StateCache``): the same bytes at position 10 and at 10⁶.
 

@@ -69,9 +69,9 @@ class Block(nn.Module):
         mixer = arch.mixer(cfg, layer)
         self.attn = Attention(cfg, arch, rope) if mixer is None else mixer
         """The token mixer: attention, or the architecture's recurrent mixer."""
-        self.ff_norm = nn.LayerNorm(cfg.d_model)
-        ff = arch.feed_forward(cfg, layer)
-        self.ff = FeedForward(cfg) if ff is None else ff
+        ff = arch.feed_forward(cfg, layer) if arch.has_feed_forward else None
+        self.ff_norm = nn.LayerNorm(cfg.d_model) if arch.has_feed_forward else None
+        self.ff = None if self.ff_norm is None else FeedForward(cfg) if ff is None else ff
         self.ff_state = ff is not None and hasattr(ff, "cache_shapes")
         """Whether the feed-forward reads the row before each (and the cache's last row)."""
         self.dropout = Dropout(cfg.dropout)
@@ -85,6 +85,8 @@ class Block(nn.Module):
         x, rows = x[:, x.size(1) - keep:] + self.dropout(update), rows.tail(keep)
         if self.compress is not None:
             x, rows = self.compress(x, rows)
+        if self.ff is None:
+            return x, rows
         if self.ff_state:
             x = x + self.dropout(self.ff(self.ff_norm(x), cache))
             return x[:, x.size(1) - n_query:], rows.tail(n_query)
@@ -94,6 +96,8 @@ class Block(nn.Module):
                rotation: Rotation | None = None) -> Tensor:
         """One token per batch row at positions ``pos`` (B,): (B, 1, d) -> (B, 1, d)."""
         x = x + self.dropout(self.attn.decode(self.attn_norm(x), pos, cache, span, rotation))
+        if self.ff is None:
+            return x
         if self.ff_state:
             return x + self.dropout(self.ff(self.ff_norm(x), cache, decode_linear))
         return x + self.dropout(self.ff(self.ff_norm(x), decode_linear))

@@ -13,7 +13,7 @@ from ecp_lm.model.archs.compressed_double import CompressedDouble
 from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
-from ecp_lm.model.archs.hybrid import Hybrid
+from ecp_lm.model.archs.hybrid import XLSTM, Hybrid
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
@@ -22,6 +22,7 @@ from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
 from ecp_lm.model.archs.transformer import Transformer
+from ecp_lm.model.archs.xlstm import MLSTM, SLSTM
 
 REGISTRY: dict[str, type[Architecture]] = {
     "transformer": Transformer,
@@ -38,6 +39,9 @@ REGISTRY: dict[str, type[Architecture]] = {
     "rwkv7": RWKV7,
     "rwkv4": RWKV4,
     "mamba": Mamba,
+    "mlstm": MLSTM,
+    "slstm": SLSTM,
+    "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

@@ -253,6 +253,10 @@ class Architecture:
         Attention's interface), or None: the layer attends with this pattern."""
         return None
 
+    has_feed_forward: ClassVar[bool] = True
+    """Whether a block of this pattern has a feed-forward after its mixer (xLSTM's mLSTM block
+    has none: its up-projection is inside the mixer)."""
+
     def feed_forward(self, cfg: ArchConfig, layer: int) -> nn.Module | None:
         """The module that replaces the skeleton's feed-forward in layer ``layer`` (RWKV-4's
         channel mix), or None: the skeleton's. One with ``cache_shapes`` keeps state in the

@@ -16,9 +16,9 @@ What the model as a whole accepts follows from its layers:
 - with local layers only, any length, from any position where every layer's pattern starts
   (a multiple of each period); decoding runs without end on the rings, and uncached generation
   reads the receptive field the layers compose, from the top layer down;
-- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba) and no global one, any
-  length from any position the other layers allow; decoding keeps each recurrent layer's state
-  beside the other layers' rings, and uncached generation reads the whole sequence (the state
+- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm) and no global
+  one, any length from any position the other layers allow; decoding keeps each recurrent layer's
+  state beside the other layers' rings, and uncached generation reads the whole sequence (the state
   depends on every position); RoPE rotates the attention layers only;
 - context parallelism where every layer has a halo (local layers only).
 """
@@ -41,6 +41,7 @@ from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
 from ecp_lm.model.archs.transformer import Transformer
+from ecp_lm.model.archs.xlstm import MLSTM, SLSTM
 
 LAYERS: dict[str, type[Architecture]] = {
     "transformer": Transformer,
@@ -53,6 +54,8 @@ LAYERS: dict[str, type[Architecture]] = {
     "rwkv7": RWKV7,
     "rwkv4": RWKV4,
     "mamba": Mamba,
+    "mlstm": MLSTM,
+    "slstm": SLSTM,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:
@@ -77,8 +80,9 @@ def _layer_config(cfg: ArchConfig, name: str) -> ArchConfig:
     try:
         return cfg.layer_config(name)
     except ValueError as err:
-        raise ValueError(f"layer_pattern={cfg.layer_pattern!r}, its {name} layers: {err}") \
-            from None
+        where = f"arch={cfg.arch!r}" if cfg.layer_pattern is None else \
+            f"layer_pattern={cfg.layer_pattern!r}"
+        raise ValueError(f"{where}, its {name} layers: {err}") from None
 
 
 class Hybrid(Architecture):
@@ -198,3 +202,20 @@ class Hybrid(Architecture):
         for layer in reversed(self.layers):  # from the top layer down
             start = layer.reach(start)
         return start - start % self.period
+
+
+class XLSTM(Hybrid):
+    """xLSTM's stack: mLSTM and sLSTM blocks as ``layer_pattern`` places them (unset:
+    ``config.STACKS``' xLSTM[7:1]), each layer the pure architecture's."""
+
+    kernels = ("chunked",)  # every layer's: mlstm's chunks, slstm's groups
+    recurrent = True  # every layer is: no attention anywhere, a state per layer
+
+    @classmethod
+    def check(cls, cfg: ArchConfig) -> None:
+        others = sorted(set(cfg.layer_unit) - {"mlstm", "slstm"})
+        if others:
+            raise ValueError(f"arch=xlstm stacks mlstm and slstm layers; "
+                             f"layer_pattern={cfg.layer_pattern!r} names {', '.join(others)} "
+                             f"(arch=hybrid mixes any kinds)")
+        super().check(cfg)

@@ -252,7 +252,8 @@ class RecurrentMixer(nn.Module):
         backward from its rows and its start state (``_Recompute``; where torch.compile traces,
         ``torch.utils.checkpoint``; a mixer draws no random numbers), so that what the layer
         keeps for backward is its rows and one state per group, whatever the length."""
-        span = max(1, GROUP_TOKENS // self.chunk) * self.chunk
+        chunk = self.chunk or 1  # a cell without chunks (sLSTM's): groups of GROUP_TOKENS
+        span = max(1, GROUP_TOKENS // chunk) * chunk
         recompute = RECOMPUTE_GROUPS and torch.is_grad_enabled()
         outputs = []
         # Split once: slicing a group out inside the loop would cost its backward a zero-filled
