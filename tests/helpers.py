@@ -10,7 +10,8 @@ from ecp_lm import ModelConfig, build_model
 # SPEC §3 and §3b: the perceiver family predicts its last min(l, T) positions within a window of
 # N; every other architecture predicts every position, and these accept any input length.
 PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
-RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm")  # SPEC §3d
+RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
+             "performer")  # SPEC §3d: a state carried from token to token, no softmax attention
 NO_ATTENTION = (*RECURRENT, "xlstm")  # xlstm: a stack of mlstm and slstm layers
 UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", *NO_ATTENTION)
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
                           "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-                          "xlstm")
+                          "performer", "xlstm")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -58,7 +58,8 @@ class ModelConfig:
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
     mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
-    ``slstm`` and their stack ``xlstm``; or ``hybrid``, whose layers follow ``layer_pattern``."""
+    ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+); or ``hybrid``, whose layers
+    follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -110,6 +111,12 @@ class ModelConfig:
     """Tokens per chunk of a recurrent mixer's chunked kernel (default 64 for ``mamba2`` and
     ``gated_deltanet``, 32 for ``rwkv7``, 8 for ``rwkv4``, 16 for ``mamba`` and ``mlstm``, each kind
     its own in a hybrid; set, every kind's); the results do not depend on it beyond rounding."""
+    num_features: int | None = None
+    """M: ``performer``'s random features per head (default K·ln K rounded, K = d_model /
+    n_heads, the paper's)."""
+    feature_redraw: int | None = None
+    """``performer``: training steps between two draws of its random features (default 1000);
+    evaluation uses the features saved with the model."""
     ff_mult: int = 4
     """Feed-forward hidden width as a multiple of ``d_model``."""
     dropout: float = 0.0
@@ -446,7 +453,7 @@ def _short(text: str, most: int = 60) -> str:
 
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
-                               "conv_size", "chunk_size")
+                               "conv_size", "chunk_size", "num_features", "feature_redraw")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
 

@@ -1,5 +1,5 @@
-"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm; SPEC §3d)
-on the shared skeleton.
+"""The recurrent mixers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm) and the
+Performer's FAVOR+ attention, a prefix sum (SPEC §3d), on the shared skeleton.
 
 Each mixer is checked against its definition written out here token by token from the layer's
 own parameters (every projection, convolution tap, gate and norm spelled out, in float64), on
@@ -222,8 +222,31 @@ def slstm_reference(m, u):
     return head_norm(out, m.norm_weight, h)
 
 
-REFERENCES = {"mamba": mamba_reference, "mamba2": mamba2_reference,
-              "gated_deltanet": gated_deltanet_reference, "rwkv7": rwkv7_reference,
+def performer_reference(m, u):
+    """FAVOR+ causal attention on one sequence u (T, d) as the paper writes it: the positive
+    random features φ(x) = exp(ωx − |x|²/2)/√M of q and k (scaled by K^{−1/4}) and the prefix
+    sums of φ(q)·φ(k) v over φ(q)·φ(k), unstabilised."""
+    h, k_dim = m.heads, m.head_dim
+    q, k, v = (u @ w.weight.T for w in (m.q_proj, m.k_proj, m.v_proj))
+    out = torch.zeros_like(q)
+
+    def phi(x):
+        x = x * k_dim ** -0.25
+        return torch.exp(x @ m.features.T - (x * x).sum(-1, keepdim=True) / 2) \
+            / m.num_features ** 0.5
+
+    for head in range(h):
+        cols = slice(head * k_dim, (head + 1) * k_dim)
+        fq, fk = phi(q[:, cols]), phi(k[:, cols])
+        for t in range(u.shape[0]):
+            weights = fk[:t + 1] @ fq[t]  # (t + 1,)
+            out[t, cols] = weights @ v[:t + 1, cols] / weights.sum()
+    return out @ m.out_proj.weight.T
+
+
+REFERENCES = {"performer": performer_reference, "mamba": mamba_reference,
+              "mamba2": mamba2_reference, "gated_deltanet": gated_deltanet_reference,
+              "rwkv7": rwkv7_reference,
               "rwkv4": rwkv4_reference, "mlstm": mlstm_reference, "slstm": slstm_reference}
 
 
@@ -312,7 +335,8 @@ def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch
         kernels.clear()
         sharp_model(arch, attn_impl=impl).loss(random_tokens(2, 9)).backward()
         assert set(kernels) == {expected}, impl
-    fla = "has no attn_impl='fla' kernel" if arch in ("rwkv4", "mamba", "mlstm", "slstm") else \
+    fla = "has no attn_impl='fla' kernel" \
+        if arch in ("rwkv4", "mamba", "mlstm", "slstm", "performer") else \
         "flash-linear-attention's kernels run on CUDA"
     with pytest.raises(ValueError, match=fla):
         sharp_model(arch, attn_impl="fla")(random_tokens(1, 4))

@@ -35,7 +35,7 @@ def chunks(size: int, arch: str) -> dict[str, int]:
 
 
 DEFAULT_CHUNK = {"mamba2": 64, "gated_deltanet": 64, "rwkv7": 32, "rwkv4": 8, "mamba": 16,
-                 "mlstm": 16, "slstm": None}
+                 "mlstm": 16, "slstm": None, "performer": 32}
 
 
 def _settings(arch) -> dict[str, object]:

@@ -47,7 +47,8 @@ FLOPS_PER_ENTRY_PER_CHANNEL = 4
 
 SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
               "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
-              "conv_size": "conv", "chunk_size": "chunk"}
+              "conv_size": "conv", "chunk_size": "chunk", "num_features": "M",
+              "feature_redraw": "redraw"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -83,13 +84,17 @@ class AttentionCost:
     layer_pattern: str | None = None
     """A hybrid's ``layer_pattern`` (None for a pure architecture)."""
     mixer_width: int | None = None
-    """W (mamba2, gated_deltanet, or a hybrid with their layers; else None)."""
+    """W (mamba2, mamba, gated_deltanet, or a hybrid with their layers; else None)."""
     state_size: int | None = None
-    """mamba2's state per channel (else None)."""
+    """mamba2's and mamba's state per channel (else None)."""
     conv_size: int | None = None
-    """The short convolution's taps (mamba2, gated_deltanet; else None)."""
+    """The short convolution's taps (the mixers that have one; else None)."""
     chunk_size: int | None = None
     """The chunked kernel's chunk (the recurrent mixers; else None)."""
+    num_features: int | None = None
+    """M, the performer's random features per head (else None)."""
+    feature_redraw: int | None = None
+    """The performer's training steps between draws of its features (else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the

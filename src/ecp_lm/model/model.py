@@ -341,6 +341,13 @@ class LanguageModel(nn.Module):
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
+    def at_step(self, step: int) -> None:
+        """Before training step ``step``: each layer's schedule (the Performer's draws of its
+        random features)."""
+        for module in self.modules():
+            if module is not self and hasattr(module, "at_step"):
+                module.at_step(step)
+
     def param_groups(self, weight_decay: float) -> list[dict]:
         """Optimizer groups: weight decay on matrix weights (linear maps, embeddings) only."""
         decay = [p for p in self.parameters() if p.dim() >= 2]

@@ -305,6 +305,8 @@ class _Loop:
         tc, task = self.tc, self.task
         for group in self.optimizer.param_groups:
             group["lr"] = lr_at(step, tc)
+        if hasattr(self.model, "at_step"):  # a layer's schedule (the Performer's features)
+            self.model.at_step(step)
         batches = [_to(task.batch(step * tc.grad_accum + i), self.dist.device)
                    for i in range(tc.grad_accum)]
         total = sum(task.targets_per_batch(b) for b in batches)  # token-weighted mean

@@ -17,6 +17,7 @@ from ecp_lm.model.archs.hybrid import XLSTM, Hybrid
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
+from ecp_lm.model.archs.performer import Performer
 from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
@@ -42,6 +43,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "mlstm": MLSTM,
     "slstm": SLSTM,
     "xlstm": XLSTM,  # a stack of mlstm and slstm layers
+    "performer": Performer,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

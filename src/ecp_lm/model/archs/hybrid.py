@@ -36,6 +36,7 @@ from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
+from ecp_lm.model.archs.performer import Performer
 from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
@@ -56,6 +57,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "mamba": Mamba,
     "mlstm": MLSTM,
     "slstm": SLSTM,
+    "performer": Performer,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:

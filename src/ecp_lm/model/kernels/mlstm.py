@@ -16,6 +16,10 @@ zero state (m = 0) is an empty one.
   b_t + m; each row is normalised by its largest; the states at the chunks' starts come from
   one pass over the chunks' sums. Time O(T·L) per head and channel pair.
 
+``normaliser="sum"`` divides by n_tᵀq̂_t itself (positive when q and k are, the features of
+FAVOR+'s causal attention, which passes f̃ = +∞: no forgetting); the default ``"mlstm"`` by
+max(|n_tᵀq̂_t|, 1).
+
 Layout: q, k (B, H, T, K), v (B, H, T, V), ĩ, f̃ (B, H, T); a state (C (B, H, K, V),
 n (B, H, K), m (B, H)).
 """
@@ -35,8 +39,16 @@ def empty_state(k: Tensor, v: Tensor) -> State:
     return (k.new_zeros(b, h, dk, v.shape[-1]), k.new_zeros(b, h, dk), k.new_zeros(b, h))
 
 
+def normalise(num: Tensor, qn: Tensor, m: Tensor, normaliser: str) -> Tensor:
+    """num / the normaliser of the stabilised state (m its stabiliser)."""
+    if normaliser == "sum":
+        return num / qn.clamp_min(torch.finfo(qn.dtype).tiny)[..., None]
+    return num / (torch.maximum(qn.abs(), torch.exp(-m)) + EPS)[..., None]
+
+
 def mlstm_recurrent(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor,
-                    state: State | None = None) -> tuple[Tensor, State]:
+                    state: State | None = None, normaliser: str = "mlstm"
+                    ) -> tuple[Tensor, State]:
     """(h (B, H, T, V), the state after the last token)."""
     c, n, m = empty_state(k, v) if state is None else state
     q = q * q.shape[-1] ** -0.5
@@ -50,13 +62,13 @@ def mlstm_recurrent(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tenso
         n = keep[..., None] * n + write[..., None] * kt
         m = new
         num = (qt[..., :, None] * c).sum(-2)  # (B, H, V)
-        den = torch.maximum((qt * n).sum(-1).abs(), torch.exp(-m)) + EPS
-        out.append(num / den[..., None])
+        out.append(normalise(num, (qt * n).sum(-1), m, normaliser))
     return torch.stack(out, dim=2), (c, n, m)
 
 
 def mlstm_chunked(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, chunk: int,
-                  state: State | None = None) -> tuple[Tensor, State]:
+                  state: State | None = None, normaliser: str = "mlstm"
+                  ) -> tuple[Tensor, State]:
     """``mlstm_recurrent``'s result in chunks of ``chunk`` tokens (a shorter last one)."""
     t = q.shape[2]
     whole = t - t % chunk
@@ -64,13 +76,13 @@ def mlstm_chunked(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor,
     for lo, hi, size in ((0, whole, chunk), (whole, t, t - whole)):
         if hi > lo:
             y, state = _chunks(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi],
-                               i_pre[:, :, lo:hi], f_pre[:, :, lo:hi], size, state)
+                               i_pre[:, :, lo:hi], f_pre[:, :, lo:hi], size, state, normaliser)
             parts.append(y)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)), state
 
 
 def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, size: int,
-            state: State) -> tuple[Tensor, State]:
+            state: State, normaliser: str) -> tuple[Tensor, State]:
     """T = n·size tokens as n chunks of ``size``, from ``state``."""
     b, h, t, dk = q.shape
     dv, n_chunks = v.shape[-1], t // size
@@ -105,5 +117,4 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, size:
     carried = torch.exp(before - rows)[..., None]
     num = p @ v + carried * (q @ s_c)
     qn = p.sum(-1) + carried[..., 0] * (q * s_n[..., None, :]).sum(-1)
-    den = torch.maximum(qn.abs(), torch.exp(-rows)) + EPS
-    return (num / den[..., None]).reshape(b, h, t, dv), (c, n, m)
+    return normalise(num, qn, rows, normaliser).reshape(b, h, t, dv), (c, n, m)
