@@ -23,13 +23,13 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   over eight lengths (``benchmarks/block_masks.py`` has the CPU table);
 - ``decode``: ECP's and the transformer's decode step at batch 1, eager and compiled, beside the
   bandwidth floor (``ecp_lm.bench.decode.run_decode_modes``);
-- ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba) at
-  the paper width, forward and backward under bf16 autocast, batch 1, at T = 2k, 8k, 32k, with
-  its chunked PyTorch form and with flash-linear-attention's kernels (``fla``, where installed):
-  the time of each, the largest difference of fla's output from the chunked form's, relative to
-  the output's largest magnitude, and the faster of the two beside the one ``auto`` picks
-  (``fastest``); then one training step of each mixer (paper width, 2 layers, T = 2k, bf16)
-  eager with ``auto`` and compiled (``train.compile``, where fla cannot run: the chunked
+- ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm,
+  slstm, performer) at the paper width, forward and backward under bf16 autocast, batch 1, at T =
+  2k, 8k, 32k, with its chunked PyTorch form and with flash-linear-attention's kernels (``fla``,
+  where installed): the time of each, the largest difference of fla's output from the chunked
+  form's, relative to the output's largest magnitude, and the faster of the two beside the one
+  ``auto`` picks (``fastest``); then one training step of each mixer (paper width, 2 layers, T = 2k,
+  bf16) eager with ``auto`` and compiled (``train.compile``, where fla cannot run: the chunked
   kernel), tokens/s of each (``steps``).
 
 ``--quick`` shrinks every size so the whole script runs in a minute on a CPU (the test suite
@@ -63,7 +63,8 @@ NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e
 """Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets (SXM parts)."""
 
 TRAIN_ARCHS = ("ecp", "sliding_window", "transformer")
-MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba")
+MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
+               "performer")
 LOCAL = ("ecp", "sliding_window")
 
 

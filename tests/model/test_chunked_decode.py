@@ -40,6 +40,13 @@ RING_CACHED = {
         "hybrid", dict(layer_pattern="gated_deltanet,rwkv7,ecp", n_layers=3, **SMALL)),
     "hybrid(mamba2*2,transformer)": (
         "hybrid", dict(layer_pattern="mamba2*2,transformer", n_layers=3, **BOUNDED)),
+    # the research's named rivals beside ECP and a global layer: RWKV-4's channel mix keeps
+    # its own state; an mLSTM block has no feed-forward
+    "hybrid(rwkv4,mamba,ecp)": ("hybrid", dict(layer_pattern="rwkv4,mamba,ecp", n_layers=3,
+                                               **SMALL)),
+    "hybrid(mlstm,slstm,performer,transformer)": (
+        "hybrid", dict(layer_pattern="mlstm,slstm,performer,transformer", n_layers=4,
+                       **BOUNDED)),
 }
 """Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
 LOCAL = [name for name, (_, overrides) in RING_CACHED.items()

@@ -322,6 +322,22 @@ def test_generation_far_past_the_window_is_one_forward(arch):
     assert torch.equal(logits[:, 6:].argmax(-1), cached[:, 7:])
 
 
+@pytest.mark.parametrize("pattern", ["rwkv4,ecp", "mamba,transformer", "mlstm,slstm,ecp",
+                                     "performer,transformer"])
+def test_generation_of_a_hybrid_with_each_rival_is_one_forward(pattern):
+    """Greedy generation past the window from the layers' caches (states and rings) equals
+    recomputing at every step, and one forward over the result."""
+    model = sharp_model("hybrid", layer_pattern=pattern, n_layers=len(pattern.split(",")))
+    model = model.double()
+    prompt = random_tokens(1, 7)
+    new = 3 * N if model.arch.max_len is None else N - 7
+    cached = generate(model, prompt, new)
+    assert torch.equal(cached, generate(model, prompt, new, use_cache=False))
+    with torch.no_grad():
+        logits = model(cached[:, :-1])
+    assert torch.equal(logits[:, 6:].argmax(-1), cached[:, 7:])
+
+
 @pytest.mark.parametrize("arch", RECURRENT)
 def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch, monkeypatch):
     kernels = []
@@ -412,7 +428,7 @@ def test_tied_kv_ties_a_hybrids_attention_layers_only():
 
 # Parameters and memory ------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["mamba2", "gated_deltanet"])
+@pytest.mark.parametrize("arch", ["mamba2", "gated_deltanet", "mamba"])
 def test_matching_parameters_takes_the_nearest_width(arch):
     cfg = ModelConfig.from_preset("small", arch=arch)
     target = parameter_count(ModelConfig.from_preset("small", arch="ecp"))
