@@ -46,6 +46,8 @@ places it)."""
 MAX_VOCAB = 1 << 32
 """The most token ids a model may have: a token cache stores ids as 32-bit unsigned integers."""
 ROPE_MODES = ("all", "first", "none")
+NORMS = ("layernorm", "rmsnorm")
+MLPS = ("gelu", "swiglu")
 GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
 
@@ -117,8 +119,18 @@ class ModelConfig:
     feature_redraw: int | None = None
     """``performer``: training steps between two draws of its random features (default 1000);
     evaluation uses the features saved with the model."""
-    ff_mult: int = 4
-    """Feed-forward hidden width as a multiple of ``d_model``."""
+    ff_mult: int | None = None
+    """Feed-forward hidden width as a multiple of ``d_model``; unset: 4 (``gelu``), or 8/3
+    rounded up to a multiple of 64 (``swiglu``, Llama's), see ``ff_width``."""
+    norm: str = "layernorm"
+    """The skeleton's norms (each block's two and the last): ``layernorm`` or ``rmsnorm``."""
+    mlp: str = "gelu"
+    """The skeleton's feed-forward: ``gelu`` (down(gelu(up x))) or ``swiglu``
+    (down(silu(gate x) ⊙ up x), Llama's). A layer with a feed-forward of its own (``rwkv4``'s
+    channel mix, ``slstm``'s post up-projection) or none (``mlstm``) keeps it."""
+    bias: bool = True
+    """Biases in the feed-forward's maps and the LayerNorms (the projections of attention and
+    of the mixers have none either way)."""
     dropout: float = 0.0
     """Dropout on attention probabilities, the feed-forward and the residual branches."""
     rope: str = "all"
@@ -172,8 +184,16 @@ class ModelConfig:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "num_segments",
                      "ff_mult"):
             value = getattr(self, name)
+            if name == "ff_mult" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
+        for name, choices in (("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in choices:
+                raise ValueError(f"{name}={getattr(self, name)!r} is not one of "
+                                 f"{', '.join(choices)}")
+        if not isinstance(self.bias, bool):
+            raise ValueError(f"bias={self.bias!r} must be true or false")
         if self.vocab_size > MAX_VOCAB:
             raise ValueError(f"vocab_size={self.vocab_size:,} is more than {MAX_VOCAB:,} token "
                              f"ids, the most a token cache stores")
@@ -318,6 +338,16 @@ class ModelConfig:
     @property
     def default_latent_len(self) -> int:
         return max(1, self.seq_len // 2)
+
+    @property
+    def ff_width(self) -> int:
+        """The feed-forward's hidden width: ``ff_mult``·d_model where set, else 4·d_model
+        (``gelu``) or 8/3·d_model rounded up to a multiple of 64 (``swiglu``)."""
+        if self.ff_mult is not None:
+            return self.ff_mult * self.d_model
+        if self.mlp == "swiglu":
+            return 64 * math.ceil(8 * self.d_model / 3 / 64)
+        return 4 * self.d_model
 
     @property
     def head_dim(self) -> int:
@@ -494,6 +524,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # every baseline is built at the same size by overriding ``arch``.
     "paper": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=6, seq_len=2048,
                   num_segments=8),
+    # Llama's skeleton at the paper's size: full attention with RoPE, RMSNorm, SwiGLU (8/3·d
+    # rounded up to 64), no biases; ``arch`` overrides the attention, the skeleton stays.
+    "llama": dict(vocab_size=50257, d_model=768, n_layers=12, n_heads=6, seq_len=2048,
+                  num_segments=8, arch="transformer", norm="rmsnorm", mlp="swiglu",
+                  bias=False),
 }
 
 

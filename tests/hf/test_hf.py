@@ -57,7 +57,12 @@ CASES: dict[str, dict] = {**{arch: dict(arch=arch) for arch in ARCHS},
                              HYBRIDS.items()},
                           # attention sinks: a cache of w + k slots, through config.json
                           "sliding_window sink_tokens=3": dict(arch="sliding_window",
-                                                               sink_tokens=3)}
+                                                               sink_tokens=3),
+                          # Llama's skeleton: RMSNorm, SwiGLU, no biases, through config.json
+                          "llama": dict(arch="transformer", norm="rmsnorm", mlp="swiglu",
+                                        bias=False),
+                          "ecp on llama's skeleton": dict(arch="ecp", norm="rmsnorm",
+                                                          mlp="swiglu", bias=False)}
 """Every architecture by its name, and the hybrids by their pattern: ``sharp_model`` keywords."""
 
 

@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
@@ -41,16 +42,30 @@ class Dropout(nn.Dropout):
         return dropout(x, self.p) if self.training and self.p > 0.0 else x
 
 
+def make_norm(cfg: ModelConfig) -> nn.Module:
+    """The skeleton's norm: LayerNorm (its bias where ``cfg.bias``) or RMSNorm."""
+    if cfg.norm == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=1e-6)
+    return nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+
+
 class FeedForward(nn.Module):
+    """``down(gelu(up x))``, or with ``mlp: swiglu`` ``down(silu(gate x) ⊙ up x)``; hidden
+    width ``cfg.ff_width``."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.up = nn.Linear(cfg.d_model, cfg.ff_mult * cfg.d_model)
+        width = cfg.ff_width
+        self.gate = nn.Linear(cfg.d_model, width, bias=cfg.bias) if cfg.mlp == "swiglu" else None
+        self.up = nn.Linear(cfg.d_model, width, bias=cfg.bias)
         self.act = nn.GELU()
-        self.down = nn.Linear(cfg.ff_mult * cfg.d_model, cfg.d_model)
+        self.down = nn.Linear(width, cfg.d_model, bias=cfg.bias)
         self.dropout = Dropout(cfg.dropout)
 
     def forward(self, x: Tensor, linear=nn.Linear.__call__) -> Tensor:
-        return self.dropout(linear(self.down, self.act(linear(self.up, x))))
+        up = linear(self.up, x)
+        hidden = self.act(up) if self.gate is None else F.silu(linear(self.gate, x)) * up
+        return self.dropout(linear(self.down, hidden))
 
 
 class Block(nn.Module):
@@ -65,12 +80,12 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig, arch: Architecture, rope: RotaryEmbedding | None,
                  layer: int):
         super().__init__()
-        self.attn_norm = nn.LayerNorm(cfg.d_model)
+        self.attn_norm = make_norm(cfg)
         mixer = arch.mixer(cfg, layer)
         self.attn = Attention(cfg, arch, rope) if mixer is None else mixer
         """The token mixer: attention, or the architecture's recurrent mixer."""
         ff = arch.feed_forward(cfg, layer) if arch.has_feed_forward else None
-        self.ff_norm = nn.LayerNorm(cfg.d_model) if arch.has_feed_forward else None
+        self.ff_norm = make_norm(cfg) if arch.has_feed_forward else None
         self.ff = None if self.ff_norm is None else FeedForward(cfg) if ff is None else ff
         self.ff_state = ff is not None and hasattr(ff, "cache_shapes")
         """Whether the feed-forward reads the row before each (and the cache's last row)."""
@@ -128,7 +143,7 @@ class LanguageModel(nn.Module):
                  for base in dict.fromkeys(bases) if base is not None}
         self.blocks = nn.ModuleList(
             Block(cfg, self.arch.layer(i), ropes.get(base), i) for i, base in enumerate(bases))
-        self.norm = nn.LayerNorm(cfg.d_model)
+        self.norm = make_norm(cfg)
         out = cfg.vocab_size if cfg.num_classes is None else cfg.num_classes
         self.head = nn.Linear(cfg.d_model, out, bias=cfg.num_classes is not None)
         self._init_weights()

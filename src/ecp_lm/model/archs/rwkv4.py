@@ -14,7 +14,7 @@ the channel mix, over its own token shift of the block's second norm's output:
 
     k = relu(key(x_k))²,  out = sigmoid(receptance(x_r)) ⊙ value(k)
 
-(the hidden width is the skeleton's ff_mult·d_model). Initialisation as RWKV-4's, by depth:
+(the hidden width is the skeleton's, ``ff_width``). Initialisation as RWKV-4's, by depth:
 the decay spread from −5 to 3 over the channels, the bonus log 0.3 with a zigzag, the mixes
 powers of the channel's rank.
 
@@ -124,7 +124,7 @@ class ChannelMix(nn.Module):
 
     def __init__(self, cfg: ArchConfig, layer: int):
         super().__init__()
-        d, hidden = cfg.d_model, cfg.ff_mult * cfg.d_model
+        d, hidden = cfg.d_model, cfg.ff_width
         rank = channel_rank(d)
         shallow = 1.0 - layer / cfg.n_layers
         self.time_mix = nn.Parameter(torch.stack([rank ** shallow, rank ** shallow]))  # k, r
