@@ -249,3 +249,30 @@ def test_bartlett_is_scipys_and_refuses_a_group_without_spread():
     assert stats.bartlett(groups) == pytest.approx(sps.bartlett(*groups.values()).pvalue,
                                                    rel=1e-9)
     assert stats.bartlett({"a": [1.0, 1.0, 1.0], "b": [0.1, 0.2, 0.4]}) is None
+
+
+def test_unequal_variances_are_not_pooled():
+    """One model spread wide, the others tight (Bartlett rejects one variance): the fit is not
+    pooled, and each comparison is a paired t on its own per-seed values (scipy's), so the
+    wide model's spread does not widen the tight ones' interval."""
+    from scipy import stats as sps
+
+    rng = np.random.default_rng(3)
+    seeds = range(5)
+    values = {("a", s): 1.0 + 0.01 * rng.normal() for s in seeds}
+    values |= {("b", s): 1.2 + 0.01 * rng.normal() for s in seeds}
+    values |= {("wide", s): 1.5 + 0.5 * rng.normal() for s in seeds}
+    f = stats.fit(values)
+    assert not f.pooled and stats.bartlett(
+        {m: [values[m, s] for s in seeds] for m in ("a", "b", "wide")}) < stats.ALPHA
+    [row] = stats.compare({("s", "p"): f}, [stats.Comparison("s", "p", "a", "b", "m")])
+    diffs = [values["a", s] - values["b", s] for s in seeds]
+    want = sps.ttest_1samp(diffs, 0.0)
+    assert row["df"] == 4 and not row["pooled"]
+    assert row["estimate"] == pytest.approx(np.mean(diffs))
+    assert row["p"] == pytest.approx(want.pvalue, rel=1e-6)
+    assert row["high"] < 0  # the tight pair's gap shows; pooled with "wide" it would not
+    pooled_se = f.contrast("a", "b")[1]
+    assert pooled_se > 5 * row["se"]
+    equal = stats.fit({k: v for k, v in values.items() if k[0] != "wide"})
+    assert equal.pooled

@@ -104,7 +104,19 @@ def test_every_primary_comparison_recomputes_from_the_runs(path):
         values = cell_values(runs, row["stage"], row["point"], row["metric"])
         ok = learned(values, row["stage"], chance[row["stage"]])
         kept = {c: v for c, v in values.items() if ok[c]}
-        est, se, df = contrast(weights_of(row), sum_to_zero_fit(kept))
+        groups = [list(v.values()) for v in kept.values()]
+        spread = all(np.var(g, ddof=1) > 0 for g in groups)
+        pooled = spread and sps.bartlett(*groups).pvalue >= verdicts["alpha"]
+        assert row["pooled"] == pooled
+        if pooled:
+            est, se, df = contrast(weights_of(row), sum_to_zero_fit(kept))
+        else:  # unequal variances: a paired t on the contrast's own per-seed values
+            w = weights_of(row)
+            per_seed = [sum(wt * kept[c][s] for c, wt in w.items())
+                        for s in sorted(set.intersection(*(set(kept[c]) for c in w)))]
+            one = sps.ttest_1samp(per_seed, 0.0)
+            est, df = float(np.mean(per_seed)), len(per_seed) - 1
+            se = est / one.statistic
         assert row["estimate"] == pytest.approx(est, abs=1e-9)
         assert row["df"] == df
         p = 2 * sps.t.sf(abs(est / se), df)

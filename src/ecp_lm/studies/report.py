@@ -231,7 +231,7 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
     return {"study": study.name, "alpha": alpha, "runs": runs_of(data),
             "comparisons": [{k: r[k] for k in (*stats.COMPARISON_KEYS, "level", "contrast",
                                                  "per_seed", "seeds", "favour_a", "favour_b",
-                                                 "bootstrap")} for r in rows],
+                                                 "bootstrap", "pooled")} for r in rows],
             "excluded": excluded, "chance": {n: d.chance for n, d in data.items()},
             "lower_is_better": {n: d.stage.task.lower_is_better for n, d in data.items()},
             "seeds": {n: list(d.stage.seeds) for n, d in data.items()},
@@ -239,7 +239,8 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
                            for n, d in data.items()},
             "fits": {f"{s}/{p}": {"residual_sd": f.residual_variance ** 0.5, "df": f.df,
                                   "cells": list(f.models), "seeds": list(f.seeds),
-                                  "bartlett_p": stats.bartlett(by_cell(groups[s, p]))}
+                                  "bartlett_p": stats.bartlett(by_cell(groups[s, p])),
+                                  "pooled": f.pooled}
                      for (s, p), f in fits.items()}}
 
 
@@ -443,7 +444,8 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
              f"Holm at α = "
              f"{analysis['alpha']}", "",
              "Estimate: mean(a) − mean(b) over the seeds; the interval is the pooled "
-             "additive model's at the level Holm's step gives it.", "",
+             "additive model's at the level Holm's step gives it (where the models' variances "
+             "differ, a paired t on the comparison's own per-seed values: see the fits).", "",
              *comparison_table(primary, lower), ""]
     for e in analysis["excluded"]:
         lines.append(f"- Not in the family: {e['contrast']} ({e['stage']}, {e['point']}): "
@@ -458,9 +460,11 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
         fit_lines = [f"{key}: residual SD {f['residual_sd']:.4f} on {f['df']} df, "
                      + (f"Bartlett p = {f['bartlett_p']:.2g}" if f["bartlett_p"] is not None
                         else "Bartlett not testable (a cell has no spread over its seeds)")
+                     + ("" if f["pooled"] else "; not pooled: each contrast is a paired t "
+                        "on its own per-seed values")
                      for key, f in analysis["fits"].items() if key.startswith(f"{name}/")]
-        lines += [f"Pooled fits: {'; '.join(fit_lines)}." if fit_lines else
-                  "No pooled fit: no model learned.", ""]
+        lines += [f"Fits: {'; '.join(fit_lines)}." if fit_lines else
+                  "No fit: no model learned.", ""]
         if d.missing:
             lines += [f"Missing: {', '.join(d.missing)}.", ""]
         if d.undeclared:

@@ -16,6 +16,12 @@ standard error σ·√(cᵀ(XᵀX)⁻¹c); with every model at the same seeds (a
 is the difference of the two models' means over the seeds, and its standard error
 σ·√(2/seeds).
 
+**Unequal variances.** Pooling needs one variance. Where Bartlett's test rejects it at α, or
+some model has no spread at all (recall's models at chance or at 100% in every seed), the fit
+is not pooled: each contrast is a paired t on its own per-seed values Σ w·y_s (``paired``,
+seeds − 1 degrees of freedom), which assumes nothing of the other models' variances nor that
+a seed moves every model alike. The verdict file marks each comparison's ``pooled``.
+
 **Families.** A study declares its primary comparisons before it runs (at most
 ``MAX_PRIMARY``). Holm's step-down procedure runs over those alone: sorted by p-value, the k-th
 of m is tested at α / (m − k + 1), stopping at the first that fails; each primary interval is
@@ -141,6 +147,11 @@ class Fit:
     residual_variance: float
     df: int
     residuals: dict[tuple[str, Hashable], float] = field(repr=False)
+    values: dict[tuple[str, Hashable], float] = field(default_factory=dict, repr=False)
+    pooled: bool = True
+    """Whether the models share one variance, so that contrasts use the pooled one: Bartlett's
+    test does not reject it at ``ALPHA`` and every model has some spread. Where not, each
+    contrast rests on its own per-seed values (``paired``)."""
 
     def contrast(self, a: str | Mapping[str, float], b: str | None = None
                  ) -> tuple[float, float]:
@@ -181,8 +192,27 @@ def fit(values: Mapping[tuple[str, Hashable], float]) -> Fit:
     coefficients = unscaled @ x.T @ y
     residual = y - x @ coefficients
     variance = float(residual @ residual) / df
+    groups: dict[str, list[float]] = {}
+    for (model, _), value in values.items():
+        groups.setdefault(model, []).append(float(value))
+    equal = bartlett(groups)
     return Fit(models, seeds, coefficients, unscaled, variance, df,
-               {k: float(r) for k, r in zip(keys, residual, strict=True)})
+               {k: float(r) for k, r in zip(keys, residual, strict=True)},
+               {k: float(v) for k, v in values.items()}, equal is not None and equal >= ALPHA)
+
+
+def paired(values: Mapping[tuple[str, Hashable], float], weights: Mapping[str, float]
+           ) -> tuple[float, float, int]:
+    """(estimate, standard error, degrees of freedom) of Σ w·μ from its per-seed values
+    Σ w·y_s over the seeds every weighted model has: their mean, their standard deviation over
+    √seeds, seeds − 1 (a paired t). It assumes nothing about the other models' variances."""
+    common = set.intersection(*({s for m, s in values if m == model} for model in weights))
+    per_seed = [sum(w * values[m, s] for m, w in weights.items()) for s in common]
+    if len(per_seed) < 2:
+        raise ValueError(f"{sorted(weights)} share {len(per_seed)} seed(s): a paired "
+                         f"comparison needs two or more")
+    return (float(np.mean(per_seed)), float(np.std(per_seed, ddof=1) / math.sqrt(len(per_seed))),
+            len(per_seed) - 1)
 
 
 # Comparisons and families -----------------------------------------------------------------------
@@ -214,12 +244,16 @@ def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Compariso
     rows = []
     for c in comparisons:
         f = fits[c.stage, c.point]
-        estimate, se = f.contrast(dict(c.weights)) if c.weights else f.contrast(c.a, c.b)
+        weights = dict(c.weights) if c.weights else {c.a: 1.0, c.b: -1.0}
+        if f.pooled:
+            (estimate, se), df = f.contrast(weights), f.df
+        else:
+            estimate, se, df = paired(f.values, weights)
         t = estimate / se if se > 0 else math.copysign(math.inf, estimate or 1.0)
         rows.append({"stage": c.stage, "point": c.point, "a": c.a, "b": c.b,
                      "metric": c.metric, "family": "primary" if c.primary else "secondary",
-                     "estimate": estimate, "se": se, "df": f.df,
-                     "p": t_two_sided_p(t, f.df) if se > 0 else 0.0})
+                     "estimate": estimate, "se": se, "df": df, "pooled": f.pooled,
+                     "p": t_two_sided_p(t, df) if se > 0 else 0.0})
     order = sorted((i for i, c in enumerate(comparisons) if c.primary),
                    key=lambda i: rows[i]["p"])
     failed_at = None  # the α of the step that failed: every later interval is drawn at it
