@@ -33,7 +33,8 @@ test: lint
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# The generated reference pages (command line, configuration, API) and the mask pictures.
+# The generated reference pages (command line, configuration, API), the mask pictures and the
+# results page (its prose in evidence4/results.md.in, its numbers from the committed report).
 docs-gen: setup
 	$(BIN)/python -m ecp_lm.docsgen
 

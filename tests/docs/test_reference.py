@@ -21,7 +21,7 @@ from ecp_lm.docsgen.cli_page import documented, fixed_width, top_parser, walk
 from ecp_lm.docsgen.markdown import anchor
 
 ROOT = Path(__file__).resolve().parents[2]
-RENDERED = render_all()
+RENDERED = render_all(ROOT)
 
 
 @pytest.mark.parametrize("path", sorted(RENDERED))
@@ -96,3 +96,14 @@ def test_api_page_names_the_public_api() -> None:
             module = value.__module__
             target = module if module == "ecp_lm.api" else f"{module}.{name}"
             assert f"\n::: {target}\n" in page, f"{name}: no `::: {target}` in api.md"
+
+
+def test_the_results_page_is_rendered_from_the_report() -> None:
+    """Every table of docs/results.md is the committed report's, and its seed sentences are
+    report.seed_sentence's: the template holds placeholders, not numbers."""
+    from ecp_lm.docsgen import results_page
+
+    template = (ROOT / results_page.TEMPLATE).read_text()
+    assert "{VERDICTS}" in template and "{PRIMARY}" in template and "{seed:" in template
+    assert not any(line.startswith("|") for line in template.splitlines())
+    assert "docs/results.md" in RENDERED
