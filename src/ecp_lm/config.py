@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
                           "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-                          "performer", "xlstm")
+                          "performer", "xlstm", "sparse_transformer")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -60,8 +60,8 @@ class ModelConfig:
     """One of ``transformer``, ``perceiver_ar``, ``double``, ``compressed_double``, ``ssplit``,
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
     mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
-    ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+); or ``hybrid``, whose layers
-    follow ``layer_pattern``."""
+    ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+), the
+    ``sparse_transformer``; or ``hybrid``, whose layers follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -119,6 +119,14 @@ class ModelConfig:
     feature_redraw: int | None = None
     """``performer``: training steps between two draws of its random features (default 1000);
     evaluation uses the features saved with the model."""
+    stride: int | None = None
+    """ℓ: ``sparse_transformer``'s stride, its local heads' window and its strided heads' step
+    (its fixed pattern's block); default ⌈√N⌉."""
+    summary_len: int | None = None
+    """c: the last positions of each block that the fixed pattern of ``sparse_transformer``
+    lets every later query see (default max(1, ℓ // 16))."""
+    sparse_pattern: str | None = None
+    """``sparse_transformer``'s pattern: ``strided`` (unset) or ``fixed``."""
     ff_mult: int | None = None
     """Feed-forward hidden width as a multiple of ``d_model``; unset: 4 (``gelu``), or 8/3
     rounded up to a multiple of 64 (``swiglu``, Llama's), see ``ff_width``."""
@@ -241,6 +249,10 @@ class ModelConfig:
             raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
                              f"has no attention (a recurrent mixer in every layer); leave tied_kv "
                              "false")
+        if self.sparse_pattern is not None and self.arch != "sparse_transformer":
+            raise ValueError(f"sparse_pattern={self.sparse_pattern!r} is set, but "
+                             f"arch={self.arch!r} has no pattern to choose (only "
+                             f"sparse_transformer has); leave it unset (null)")
         for name in OWN_SIZES:
             value = getattr(self, name)
             if value is not None and name not in own.sizes(self):
@@ -483,7 +495,8 @@ def _short(text: str, most: int = 60) -> str:
 
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
-                               "conv_size", "chunk_size", "num_features", "feature_redraw")
+                               "conv_size", "chunk_size", "num_features", "feature_redraw",
+                               "stride", "summary_len")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
 

@@ -66,7 +66,22 @@ def spec_layers(cfg: ModelConfig) -> list[tuple[range, range, Callable[[int, int
         def blocks(q: int, kv: int) -> bool:
             return kv <= q and q // b == kv // b
         return [(range(n), range(n), blocks)] * num_layers
+    if cfg.arch == "sparse_transformer" and cfg.sparse_pattern == "fixed":
+        stride, c = cfg.stride, cfg.summary_len
+
+        def fixed(q: int, kv: int) -> bool:  # Child et al.: A(1) its block, A(2) summaries
+            return kv <= q and (q // stride == kv // stride or kv % stride >= stride - c)
+        return [(range(n), range(n), fixed)] * num_layers
     raise AssertionError(f"no SPEC reference for arch={cfg.arch!r}: add its mask here")
+
+
+def strided_mask(stride: int, n_heads: int) -> Callable[[int, int, int], bool]:
+    """Child et al.'s strided pattern: half the heads the last ℓ positions, half every ℓ-th."""
+    def mask(q: int, kv: int, head: int) -> bool:
+        if head < n_heads // 2:
+            return q - stride < kv <= q
+        return kv <= q and (q - kv) % stride == 0
+    return mask
 
 
 def s2_mask(g: int, n_heads: int) -> Callable[[int, int, int], bool]:
@@ -79,8 +94,11 @@ def s2_mask(g: int, n_heads: int) -> Callable[[int, int, int], bool]:
 
 def brute_force_entries(cfg: ModelConfig) -> list[float]:
     """Allowed (query, key) pairs of each layer, counted one by one (the mean over heads)."""
-    if cfg.arch == "s2":
-        mask, n = s2_mask(cfg.resolved().group_len, cfg.n_heads), cfg.seq_len
+    resolved = cfg.resolved()
+    per_head = {"s2": lambda: s2_mask(resolved.group_len, cfg.n_heads),
+                "sparse_transformer": lambda: strided_mask(resolved.stride, cfg.n_heads)}
+    if cfg.arch in per_head and resolved.sparse_pattern != "fixed":
+        mask, n = per_head[cfg.arch](), cfg.seq_len
         per_layer = sum(mask(q, kv, h) for h in range(cfg.n_heads) for q in range(n)
                         for kv in range(n)) / cfg.n_heads
         return [per_layer] * cfg.n_layers
@@ -115,6 +133,11 @@ CASES += [pytest.param("s2", dict(seq_len=n, num_segments=s, n_layers=1), id=f"s
           for n, s in [(12, 2), (20, 5), (24, 12)]]
 CASES += [pytest.param("s2", dict(seq_len=n, num_segments=3, group_len=g, n_layers=1),
                        id=f"s2-N{n}-G{g}") for n, g in [(17, 4), (16, 6), (10, 40)]]
+CASES += [pytest.param("sparse_transformer", dict(seq_len=n, num_segments=1, n_layers=1,
+                                                  stride=st, **extra),
+                       id=f"sparse-N{n}-l{st}-{extra.get('sparse_pattern', 'strided')}")
+          for n, st in [(16, 4), (17, 5), (24, 1), (10, 10)]
+          for extra in ({}, dict(sparse_pattern="fixed", summary_len=min(2, st)))]
 
 
 @pytest.mark.parametrize(("arch", "sizes"), CASES)

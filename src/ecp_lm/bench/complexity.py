@@ -48,7 +48,7 @@ FLOPS_PER_ENTRY_PER_CHANNEL = 4
 SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
               "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
               "conv_size": "conv", "chunk_size": "chunk", "num_features": "M",
-              "feature_redraw": "redraw"}
+              "feature_redraw": "redraw", "stride": "ℓ", "summary_len": "c"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -95,6 +95,10 @@ class AttentionCost:
     """M, the performer's random features per head (else None)."""
     feature_redraw: int | None = None
     """The performer's training steps between draws of its features (else None)."""
+    stride: int | None = None
+    """ℓ, the sparse transformer's stride (else None)."""
+    summary_len: int | None = None
+    """c, its fixed pattern's summary positions per block (else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the

@@ -27,6 +27,8 @@ SIZE_OVERRIDES = {
                   "mamba and mlstm 16)",
     "num_features": "M: performer's random features per head (default K·ln K)",
     "feature_redraw": "performer's training steps between draws of its features (default 1000)",
+    "stride": "ℓ: sparse_transformer's stride (default ⌈√N⌉)",
+    "summary_len": "c: the fixed sparse pattern's summary positions per block",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

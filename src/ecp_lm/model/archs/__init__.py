@@ -22,6 +22,7 @@ from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
+from ecp_lm.model.archs.sparse_transformer import SparseTransformer
 from ecp_lm.model.archs.transformer import Transformer
 from ecp_lm.model.archs.xlstm import MLSTM, SLSTM
 
@@ -44,6 +45,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "slstm": SLSTM,
     "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "performer": Performer,
+    "sparse_transformer": SparseTransformer,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

@@ -41,6 +41,7 @@ from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
 from ecp_lm.model.archs.sliding_window import SlidingWindow
+from ecp_lm.model.archs.sparse_transformer import SparseTransformer
 from ecp_lm.model.archs.transformer import Transformer
 from ecp_lm.model.archs.xlstm import MLSTM, SLSTM
 
@@ -58,6 +59,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "mlstm": MLSTM,
     "slstm": SLSTM,
     "performer": Performer,
+    "sparse_transformer": SparseTransformer,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:

@@ -1,0 +1,127 @@
+"""The Sparse Transformer (Child et al., 2019): factorised attention within the window N (SPEC
+§3b ``sparse_transformer``).
+
+Two patterns, each a mask predicate on absolute positions, with ``stride`` ℓ (default ⌈√N⌉):
+
+- ``strided`` (the default): heads 0 .. H/2 − 1 see the last ℓ positions, q − ℓ < kv ≤ q;
+  heads H/2 .. H − 1 every position ℓ apart, kv ≤ q with (q − kv) mod ℓ = 0;
+- ``fixed`` (``sparse_pattern: fixed``): every head sees its own block of ℓ positions up to q,
+  q // ℓ = kv // ℓ, and the last ``summary_len`` c positions of every earlier block,
+  kv mod ℓ ≥ ℓ − c (default c = max(1, ℓ // 16)).
+
+At ℓ = √N a query sees about √N positions of each kind: O(N·√N) entries over the window (the
+cost ``ecp complexity`` counts). The kernels here run the predicate densely (``mask``: one
+scaled-dot-product call with the boolean mask, O(N²) time), as the reference does; FlexAttention
+runs it blockwise. Like the transformer, the model reads windows of at most N and decodes from a
+cache of the window, the predicate applied to the positions it holds.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ecp_lm.model.archs.base import ArchConfig
+from ecp_lm.model.archs.transformer import Transformer
+from ecp_lm.model.kernels.masks import materialize
+from ecp_lm.model.rows import Rows
+
+PATTERNS = ("strided", "fixed")
+
+
+@dataclass(frozen=True)
+class StridedMask:
+    """Heads below H/2: the last ``stride`` positions; the others: every ``stride``-th."""
+
+    stride: int
+    n_heads: int
+    per_head: ClassVar[bool] = True
+
+    def __call__(self, q: Tensor, kv: Tensor, head: Tensor) -> Tensor:
+        local = q - kv < self.stride
+        strided = (q - kv) % self.stride == 0
+        return (kv <= q) & torch.where(head < self.n_heads // 2, local, strided)
+
+
+@dataclass(frozen=True)
+class FixedMask:
+    """The query's own block of ``stride`` positions, and the last ``summary_len`` positions
+    of every block."""
+
+    stride: int
+    summary_len: int
+    per_head: ClassVar[bool] = False
+
+    def __call__(self, q: Tensor, kv: Tensor) -> Tensor:
+        own = q // self.stride == kv // self.stride
+        summary = kv % self.stride >= self.stride - self.summary_len
+        return (kv <= q) & (own | summary)
+
+
+class SparseTransformer(Transformer):
+    kernels = ("mask",)
+    size_fields = ("stride", "summary_len")
+    global_attention = False
+
+    @classmethod
+    def sizes(cls, cfg: ArchConfig) -> tuple[str, ...]:
+        return ("stride", "summary_len") if cfg.sparse_pattern == "fixed" else ("stride",)
+
+    @classmethod
+    def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        stride = cfg.stride if cfg.stride is not None else math.isqrt(cfg.seq_len - 1) + 1
+        if cfg.stride is None:
+            out["stride"] = stride
+        if cfg.sparse_pattern == "fixed" and cfg.summary_len is None:
+            out["summary_len"] = max(1, stride // 16)
+        return out
+
+    @classmethod
+    def check(cls, cfg: ArchConfig) -> None:
+        super().check(cfg)
+        if cfg.sparse_pattern not in (None, *PATTERNS):
+            raise ValueError(f"sparse_pattern={cfg.sparse_pattern!r} is not one of "
+                             f"{', '.join(PATTERNS)}")
+        if cfg.stride > cfg.seq_len:
+            raise ValueError(f"stride={cfg.stride} is longer than the window "
+                             f"seq_len={cfg.seq_len}")
+        if cfg.sparse_pattern == "fixed" and cfg.summary_len > cfg.stride:
+            raise ValueError(f"summary_len={cfg.summary_len} is more than a block: "
+                             f"stride={cfg.stride}")
+
+    def __init__(self, cfg: ArchConfig):
+        super().__init__(cfg)
+        c = self.cfg
+        self.mask = (FixedMask(c.stride, c.summary_len) if c.sparse_pattern == "fixed"
+                     else StridedMask(c.stride, c.n_heads))
+
+    def layer_cost(self, layer: int) -> tuple[int | float, int | float]:
+        # Entries per query q (0-based): strided, min(q + 1, ℓ) for the local heads and
+        # q // ℓ + 1 for the others (the mean over heads); fixed, q mod ℓ + 1 in its block and
+        # c in each of the q // ℓ blocks before. Tiles: the dense kernel's whole causal square.
+        n, c = self.cfg.seq_len, self.cfg
+        stride = c.stride
+        if c.sparse_pattern == "fixed":
+            entries = sum(q % stride + 1 + (q // stride) * c.summary_len for q in range(n))
+        else:
+            local = sum(min(q + 1, stride) for q in range(n))
+            strided = sum(q // stride + 1 for q in range(n))
+            half = c.n_heads // 2
+            total = half * local + (c.n_heads - half) * strided
+            entries = total // c.n_heads if total % c.n_heads == 0 else total / c.n_heads
+        return entries, n * n
+
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
+        return self.kernels
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
+               kernel: str) -> Tensor:
+        kv_pos = rows.positions(q.device)
+        allowed = materialize(self.mask, kv_pos[len(rows) - q.size(2):], kv_pos, q.size(1))
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
