@@ -47,6 +47,7 @@ MAX_VOCAB = 1 << 32
 """The most token ids a model may have: a token cache stores ids as 32-bit unsigned integers."""
 ROPE_MODES = ("all", "first", "none")
 NORMS = ("layernorm", "rmsnorm")
+FORGET_GATES = ("sigmoid", "exp")
 MLPS = ("gelu", "swiglu")
 GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
@@ -125,6 +126,9 @@ class ModelConfig:
     summary_len: int | None = None
     """c: the last positions of each block that the fixed pattern of ``sparse_transformer``
     lets every later query see (default max(1, ℓ // 16))."""
+    forget_gate: str | None = None
+    """The forget gates of ``mlstm`` and ``slstm`` (and their stack ``xlstm``): ``sigmoid``
+    (unset) or ``exp``, xLSTM's two choices."""
     sparse_pattern: str | None = None
     """``sparse_transformer``'s pattern: ``strided`` (unset) or ``fixed``."""
     ff_mult: int | None = None
@@ -249,6 +253,14 @@ class ModelConfig:
             raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
                              f"has no attention (a recurrent mixer in every layer); leave tied_kv "
                              "false")
+        if self.forget_gate is not None:
+            if self.forget_gate not in FORGET_GATES:
+                raise ValueError(f"forget_gate={self.forget_gate!r} is not one of "
+                                 f"{', '.join(FORGET_GATES)}")
+            if not set(self.layer_archs) & {"mlstm", "slstm"}:
+                raise ValueError(f"forget_gate={self.forget_gate!r} is set, but arch="
+                                 f"{self.arch!r} has no xLSTM layer (mlstm, slstm); leave it "
+                                 f"unset (null)")
         if self.sparse_pattern is not None and self.arch != "sparse_transformer":
             raise ValueError(f"sparse_pattern={self.sparse_pattern!r} is set, but "
                              f"arch={self.arch!r} has no pattern to choose (only "
@@ -332,6 +344,8 @@ class ModelConfig:
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
             sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
             tied_kv=self.tied_kv and not kind.recurrent,
+            forget_gate=self.forget_gate if arch in ("mlstm", "slstm") else None,
+            sparse_pattern=self.sparse_pattern if arch == "sparse_transformer" else None,
             **{name: None for name in OWN_SIZES if name not in own})
 
     # Derived sizes -------------------------------------------------------------------------

@@ -15,20 +15,20 @@ from ecp_lm.model.kernels.mlstm import mlstm_chunked, mlstm_recurrent
 from ecp_lm.model.kernels.slstm import slstm_recurrent
 
 
-def mlstm_definition(q, k, v, i_pre, f_pre):
+def mlstm_definition(q, k, v, i_pre, f_pre, forget="sigmoid"):
     """h_t = C_tᵀ q_t / (max(|n_tᵀ q_t|, 1) + ε e^{m_t}) for one head (T, ·), with
     C_t = Σ_{j≤t} (Π_{j<s≤t} f_s) i_j k_j v_jᵀ and n_t likewise, q scaled by 1/√K; the ε term
     is the published kernels' ε on the stabilised denominator, e^{m_t} the largest weight."""
     t_len, dk = q.shape
     q = q / dk ** 0.5
+    log_f = F.logsigmoid(f_pre) if forget == "sigmoid" else f_pre
     out = torch.zeros(t_len, v.shape[1], dtype=q.dtype)
     for t in range(t_len):
-        logw = torch.stack([F.logsigmoid(f_pre[j + 1:t + 1]).sum() + i_pre[j]
-                            for j in range(t + 1)])
+        logw = torch.stack([log_f[j + 1:t + 1].sum() + i_pre[j] for j in range(t + 1)])
         weights = torch.exp(logw)
         c = (weights[:, None, None] * k[:t + 1, :, None] * v[:t + 1, None, :]).sum(0)
         n = (weights[:, None] * k[:t + 1]).sum(0)
-        top = torch.maximum(logw.max(), F.logsigmoid(f_pre[:t + 1]).sum())  # the empty state's
+        top = torch.maximum(logw.max(), log_f[:t + 1].sum())  # the empty state's weight
         den = torch.maximum((q[t] @ n).abs(), torch.ones(())) + 1e-6 * torch.exp(top)
         out[t] = (q[t] @ c) / den
     return out
@@ -50,15 +50,22 @@ def per_head(fn, ops):
                         for x in range(b)])
 
 
-def mlstm_kernels(ops, chunk=8):
-    return {"chunked": mlstm_chunked(*ops, chunk), "recurrent": mlstm_recurrent(*ops)}
+def mlstm_kernels(ops, chunk=8, forget="sigmoid"):
+    """Both kernels on the operands, the forget gate's pre-activation as its log."""
+    q, k, v, i_pre, f_pre = ops
+    log_f = F.logsigmoid(f_pre) if forget == "sigmoid" else f_pre
+    return {"chunked": mlstm_chunked(q, k, v, i_pre, log_f, chunk),
+            "recurrent": mlstm_recurrent(q, k, v, i_pre, log_f)}
 
 
+@pytest.mark.parametrize("forget", ["sigmoid", "exp"])
 @pytest.mark.parametrize("length", [1, 6, 16, 27])
-def test_the_mlstm_cell_is_its_definition(length):
+def test_the_mlstm_cell_is_its_definition(length, forget):
     ops = mlstm_operands(length)
-    want = per_head(mlstm_definition, ops)
-    for name, (y, _) in mlstm_kernels(ops).items():
+    if forget == "exp":  # log f = f̃: below and above 0, a gate that can also grow the state
+        ops = (*ops[:4], ops[4] - 2.2)
+    want = per_head(lambda *o: mlstm_definition(*o, forget=forget), ops)
+    for name, (y, _) in mlstm_kernels(ops, forget=forget).items():
         torch.testing.assert_close(y, want, atol=1e-10, rtol=1e-8, msg=name)
 
 
@@ -79,6 +86,7 @@ def test_the_mlstm_cell_is_transformers_native_kernels():
 
 def test_a_state_carries_the_mlstm_between_calls():
     ops = mlstm_operands(27)
+    ops = (*ops[:4], F.logsigmoid(ops[4]))
     whole, _ = mlstm_chunked(*ops, 8)
     parts, state = [], None
     for lo, hi in ((0, 1), (1, 10), (10, 27)):
@@ -111,7 +119,7 @@ def test_the_mlstm_gradients_are_the_definitions():
             torch.testing.assert_close(g, ref, atol=1e-9, rtol=1e-7, msg=name)
 
 
-def slstm_definition(wx, r, bias):
+def slstm_definition(wx, r, bias, forget="sigmoid"):
     """The sLSTM of one sequence, wx (T, 4, H, D), without the stabiliser: i = exp(ĩ),
     f = σ(f̃), c_t = f c + i tanh(z̃), n_t = f n + i, h_t = σ(õ) c_t / n_t, each gate's
     pre-activation W x_t + R h_{t−1} + b with R one block per head."""
@@ -121,8 +129,8 @@ def slstm_definition(wx, r, bias):
     for t in range(t_len):
         pre = [wx[t, g] + torch.stack([h[x] @ r[g, x] for x in range(heads)]) + bias[g]
                for g in range(4)]
-        z, i, f, o = torch.tanh(pre[0]), torch.exp(pre[1]), torch.sigmoid(pre[2]), \
-            torch.sigmoid(pre[3])
+        f = torch.sigmoid(pre[2]) if forget == "sigmoid" else torch.exp(pre[2])
+        z, i, o = torch.tanh(pre[0]), torch.exp(pre[1]), torch.sigmoid(pre[3])
         c, n = f * c + i * z, f * n + i
         h = o * c / n
         out.append(h)
@@ -137,15 +145,16 @@ def slstm_operands(t, seed=0, scale=1.0, dtype=torch.float64):
     return wx, r, bias
 
 
+@pytest.mark.parametrize("forget", ["sigmoid", "exp"])
 @pytest.mark.parametrize("length", [1, 9])
-def test_the_slstm_cell_is_its_definition_and_carries_its_state(length):
+def test_the_slstm_cell_is_its_definition_and_carries_its_state(length, forget):
     wx, r, bias = slstm_operands(length)
-    want = torch.stack([slstm_definition(wx[b], r, bias) for b in range(2)])
-    y, _ = slstm_recurrent(wx, r, bias)
+    want = torch.stack([slstm_definition(wx[b], r, bias, forget) for b in range(2)])
+    y, _ = slstm_recurrent(wx, r, bias, forget=forget)
     torch.testing.assert_close(y, want, atol=1e-12, rtol=1e-10)
     if length > 1:
-        first, state = slstm_recurrent(wx[:, :4], r, bias)
-        rest, _ = slstm_recurrent(wx[:, 4:], r, bias, state)
+        first, state = slstm_recurrent(wx[:, :4], r, bias, forget=forget)
+        rest, _ = slstm_recurrent(wx[:, 4:], r, bias, state, forget=forget)
         torch.testing.assert_close(torch.cat([first, rest], dim=1), want, atol=1e-12,
                                    rtol=1e-10)
 
@@ -184,3 +193,25 @@ def test_the_xlstm_stack_places_its_blocks():
         ModelConfig(arch="xlstm", layer_pattern="mlstm,transformer")
     with pytest.raises(ValueError, match="which has no attn_impl='fla' kernel"):
         ModelConfig(arch="slstm", attn_impl="fla")
+
+
+def test_the_exponential_forget_gate_runs_every_kernel_and_is_checked():
+    """forget_gate: exp: the layers' kernels agree, the initial forgetting is the sigmoid's,
+    and the option is refused where no layer has a forget gate."""
+    base = dict(vocab_size=50, d_model=16, n_heads=2, n_layers=2, seq_len=32)
+    tokens = torch.randint(0, 50, (2, 21), generator=torch.Generator().manual_seed(0))
+    for arch in ("mlstm", "slstm", "xlstm"):
+        fast = build_model(ModelConfig(arch=arch, forget_gate="exp", **base)).double()
+        ref = build_model(ModelConfig(arch=arch, forget_gate="exp", attn_impl="reference",
+                                      **base)).double()
+        ref.load_state_dict(fast.state_dict())
+        with torch.no_grad():
+            torch.testing.assert_close(fast(tokens), ref(tokens), atol=1e-10, rtol=0)
+    sig = build_model(ModelConfig(arch="mlstm", **base)).blocks[0].attn
+    exp = build_model(ModelConfig(arch="mlstm", forget_gate="exp", **base)).blocks[0].attn
+    torch.testing.assert_close(torch.exp(exp.gate_bias[1]), torch.sigmoid(sig.gate_bias[1]))
+    ModelConfig(arch="hybrid", layer_pattern="mlstm,ecp", forget_gate="exp", **base)
+    with pytest.raises(ValueError, match="forget_gate='exp' is set, but arch='ecp' has no xLSTM"):
+        ModelConfig(arch="ecp", forget_gate="exp")
+    with pytest.raises(ValueError, match="forget_gate='tanh' is not one of sigmoid, exp"):
+        ModelConfig(arch="mlstm", forget_gate="tanh")

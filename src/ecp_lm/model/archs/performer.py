@@ -129,7 +129,7 @@ class FavorAttention(RecurrentMixer):
         fq = torch.exp(fq - fq.amax(-1, keepdim=True))  # a query's scale cancels
         top = fk.amax(-1)  # each key's scale, carried as its log-weight
         fk = torch.exp(fk - top[..., None])
-        keep = torch.full_like(top, float("inf"))  # log σ(∞) = 0: nothing forgotten
+        keep = torch.zeros_like(top)  # log f = 0: nothing forgotten
         start = None if state is None else (state["s"], state["z"], state["scale"])
         run = mlstm.mlstm_chunked if kernel == "chunked" else mlstm.mlstm_recurrent
         args = (self.chunk,) if kernel == "chunked" else ()

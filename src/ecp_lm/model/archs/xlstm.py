@@ -19,9 +19,10 @@ gated post up-projection:
     h = norm(sLSTM(z̃, ĩ, f̃, õ))                  the cell (kernels/slstm.py), a norm per head
     ff(x) = down(gelu(g) ⊙ a),  g, a = up(x)     widths ⌈4/3·d_model⌉ (to a multiple of 8)
 
-Heads are ``n_heads``. Initialisation as the paper's code: gate weights zero, the forget gates'
-biases spread from 3 to 6 over the heads (mLSTM) or as a power law over the channels
-(sLSTM), the input gates' near zero, the recurrent weights zero, the skip one.
+Heads are ``n_heads``. The forget gates are sigmoid (σ(f̃)) or, with ``forget_gate: exp``,
+exponential (exp(f̃)), the paper's two choices. Initialisation as the paper's code: gate weights
+zero, the forget gates' biases spread from 3 to 6 over the heads (mLSTM) or as a power law over
+the channels (sLSTM), the input gates' near zero, the recurrent weights zero, the skip one.
 
 Differences from xLSTM's code, to stay on the shared skeleton: the block norms are the
 skeleton's LayerNorm; the up-projection widths of the gated feed-forward round to multiples of
@@ -45,6 +46,12 @@ from ecp_lm.model.kernels import mlstm, slstm
 QKV_BLOCK = 4
 """The mLSTM's q, k and v maps are block-diagonal with blocks of this size (its code's
 ``qkv_proj_blocksize``)."""
+
+
+def initial_forget(bias: Tensor, forget: str) -> Tensor:
+    """A forget gate's initial bias: the sigmoid gate's as xLSTM's code sets it, or for the
+    exponential gate the bias whose exp(·) is that sigmoid's value (the same forgetting)."""
+    return bias if forget == "sigmoid" else F.logsigmoid(bias)
 
 
 class BlockDiagonal(nn.Module):
@@ -121,9 +128,11 @@ class MLSTMLayer(RecurrentMixer):
         self.up = nn.Linear(d, 2 * e, bias=False)
         self.conv = ShortConv(e, c.conv_size)
         self.q, self.k, self.v = (BlockDiagonal(e // QKV_BLOCK, QKV_BLOCK) for _ in range(3))
+        self.forget = c.forget_gate or "sigmoid"
         self.gate_weight = nn.Parameter(torch.zeros(2, h, 3 * e))  # input, forget
-        self.gate_bias = nn.Parameter(torch.stack([  # linspace stays on the CPU under meta
-            torch.randn(h) * 0.1, 3.0 + 3.0 * torch.arange(h) / max(1, h - 1)]))
+        forget = 3.0 + 3.0 * torch.arange(h) / max(1, h - 1)  # linspace stays on the CPU (meta)
+        self.gate_bias = nn.Parameter(torch.stack([torch.randn(h) * 0.1,
+                                                   initial_forget(forget, self.forget)]))
         self.norm_weight = nn.Parameter(torch.ones(e))
         self.skip = nn.Parameter(torch.ones(e))
         self.out_proj = nn.Linear(e, d, bias=False)
@@ -144,11 +153,12 @@ class MLSTMLayer(RecurrentMixer):
         i_pre, f_pre = gates.unbind(1)  # (B, T, H) each
         q, k, v = (heads_of(wide(t), self.heads) for t in (q, k, v))
         i_pre, f_pre = i_pre.transpose(1, 2), f_pre.transpose(1, 2)  # (B, H, T)
+        log_f = F.logsigmoid(f_pre) if self.forget == "sigmoid" else f_pre
         start = None if state is None else (state["c"], state["n"], state["m"])
         if kernel == "chunked":
-            y, (cs, ns, ms) = mlstm.mlstm_chunked(q, k, v, i_pre, f_pre, self.chunk, start)
+            y, (cs, ns, ms) = mlstm.mlstm_chunked(q, k, v, i_pre, log_f, self.chunk, start)
         else:
-            y, (cs, ns, ms) = mlstm.mlstm_recurrent(q, k, v, i_pre, f_pre, start)
+            y, (cs, ns, ms) = mlstm.mlstm_recurrent(q, k, v, i_pre, log_f, start)
         y = head_norm(y.transpose(1, 2).flatten(-2), self.norm_weight, self.heads)
         y = (y + wide(self.skip) * wide(xc)).to(u.dtype) * F.silu(z)
         return self.out_proj(y), {"c": cs, "n": ns, "m": ms, "conv": tail}
@@ -202,7 +212,9 @@ class SLSTMLayer(RecurrentMixer):
         bias = torch.zeros(4, h, d // h)
         # The forget gates' power law over the channels, deeper layers remembering longer.
         ramp = torch.arange(d // h) / max(1, d // h - 1)
-        bias[2] = -(-5.0 + 12.0 * ramp ** (0.3 + 1.3 * layer / max(1, c.n_layers - 1)))
+        self.forget = c.forget_gate or "sigmoid"
+        bias[2] = initial_forget(-(-5.0 + 12.0 * ramp ** (0.3 + 1.3 * layer
+                                                          / max(1, c.n_layers - 1))), self.forget)
         self.bias = nn.Parameter(bias)
         self.norm_weight = nn.Parameter(torch.ones(d))
 
@@ -218,7 +230,8 @@ class SLSTMLayer(RecurrentMixer):
         z, i, f, o = (gate(x) for gate, x in zip(self.gates, (u, xc, xc, u), strict=True))
         wx = wide(torch.stack([z, i, f, o], dim=2)).unflatten(-1, (self.heads, -1))
         start = None if state is None else tuple(state[n] for n in ("h", "c", "n", "m"))
-        y, (hs, cs, ns, ms) = slstm.slstm_recurrent(wx, wide(self.r), wide(self.bias), start)
+        y, (hs, cs, ns, ms) = slstm.slstm_recurrent(wx, wide(self.r), wide(self.bias), start,
+                                                    self.forget)
         y = head_norm(y.flatten(-2), self.norm_weight, self.heads).to(u.dtype)
         return y, {"h": hs, "c": cs, "n": ns, "m": ms, "conv": tail}
 

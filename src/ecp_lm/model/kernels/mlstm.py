@@ -4,7 +4,8 @@ exponential input gate, a sigmoid forget gate, a normaliser and a max-stabiliser
     C_t = f_t C_{t−1} + i_t k_t v_tᵀ,   n_t = f_t n_{t−1} + i_t k_t,
     h_t = C_tᵀ q̂_t / max(|n_tᵀ q̂_t|, 1),   q̂ = q / √K,
 
-with i_t = exp(ĩ_t) and f_t = σ(f̃_t) from their pre-activations. Both grow without bound, so
+with i_t = exp(ĩ_t) and f_t = σ(f̃_t) (or exp(f̃_t), the paper's other choice) from their
+pre-activations; the kernels take log f_t. Both grow without bound, so
 the state is kept scaled by e^{−m_t}, m_t the largest log-weight any term carries so far (the
 stabiliser): C' = C e^{−m}, n' = n e^{−m}, and h_t = C'ᵀq̂ / (max(|n'ᵀq̂|, e^{−m}) + ε) with
 ε = 10⁻⁶ as the published kernels add. The result does not depend on m: any m keeps it, and a
@@ -17,17 +18,16 @@ zero state (m = 0) is an empty one.
   one pass over the chunks' sums. Time O(T·L) per head and channel pair.
 
 ``normaliser="sum"`` divides by n_tᵀq̂_t itself (positive when q and k are, the features of
-FAVOR+'s causal attention, which passes f̃ = +∞: no forgetting); the default ``"mlstm"`` by
+FAVOR+'s causal attention, which passes log f = 0: no forgetting); the default ``"mlstm"`` by
 max(|n_tᵀq̂_t|, 1).
 
-Layout: q, k (B, H, T, K), v (B, H, T, V), ĩ, f̃ (B, H, T); a state (C (B, H, K, V),
+Layout: q, k (B, H, T, K), v (B, H, T, V), ĩ, log f (B, H, T); a state (C (B, H, K, V),
 n (B, H, K), m (B, H)).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 EPS = 1e-6
@@ -46,13 +46,12 @@ def normalise(num: Tensor, qn: Tensor, m: Tensor, normaliser: str) -> Tensor:
     return num / (torch.maximum(qn.abs(), torch.exp(-m)) + EPS)[..., None]
 
 
-def mlstm_recurrent(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor,
+def mlstm_recurrent(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, log_f: Tensor,
                     state: State | None = None, normaliser: str = "mlstm"
                     ) -> tuple[Tensor, State]:
     """(h (B, H, T, V), the state after the last token)."""
     c, n, m = empty_state(k, v) if state is None else state
     q = q * q.shape[-1] ** -0.5
-    log_f = F.logsigmoid(f_pre)
     out = []
     for t in range(q.shape[2]):
         new = torch.maximum(log_f[:, :, t] + m, i_pre[:, :, t])
@@ -66,7 +65,7 @@ def mlstm_recurrent(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tenso
     return torch.stack(out, dim=2), (c, n, m)
 
 
-def mlstm_chunked(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, chunk: int,
+def mlstm_chunked(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, log_f: Tensor, chunk: int,
                   state: State | None = None, normaliser: str = "mlstm"
                   ) -> tuple[Tensor, State]:
     """``mlstm_recurrent``'s result in chunks of ``chunk`` tokens (a shorter last one)."""
@@ -76,12 +75,12 @@ def mlstm_chunked(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor,
     for lo, hi, size in ((0, whole, chunk), (whole, t, t - whole)):
         if hi > lo:
             y, state = _chunks(q[:, :, lo:hi], k[:, :, lo:hi], v[:, :, lo:hi],
-                               i_pre[:, :, lo:hi], f_pre[:, :, lo:hi], size, state, normaliser)
+                               i_pre[:, :, lo:hi], log_f[:, :, lo:hi], size, state, normaliser)
             parts.append(y)
     return (parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)), state
 
 
-def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, size: int,
+def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, log_f: Tensor, size: int,
             state: State, normaliser: str) -> tuple[Tensor, State]:
     """T = n·size tokens as n chunks of ``size``, from ``state``."""
     b, h, t, dk = q.shape
@@ -89,7 +88,7 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor, size:
     q = (q * dk ** -0.5).view(b, h, n_chunks, size, dk)
     k, v = k.view(b, h, n_chunks, size, dk), v.view(b, h, n_chunks, size, dv)
     i_pre = i_pre.view(b, h, n_chunks, size)
-    cum = F.logsigmoid(f_pre).view(b, h, n_chunks, size).cumsum(-1)  # b_t within the chunk
+    cum = log_f.view(b, h, n_chunks, size).cumsum(-1)  # b_t within the chunk
     # Log-weight of token j at row t (j ≤ t): b_t − b_j + ĩ_j.
     causal = torch.ones(size, size, dtype=torch.bool, device=q.device).tril()
     logw = (cum[..., :, None] - cum[..., None, :] + i_pre[..., None, :]).masked_fill(

@@ -3,13 +3,14 @@ exponential gating, a normaliser, a stabiliser and recurrent (memory-mixing) wei
 block-diagonal, one block per head:
 
     z̃, ĩ, f̃, õ = W x_t + R h_{t−1} + b        (W x_t given; R (4, H, D, D), one block per head)
-    m_t = max(log σ(f̃) + m_{t−1}, ĩ)          (ĩ where the state is empty: n = 0)
-    i' = exp(ĩ − m_t),  f' = exp(log σ(f̃) + m_{t−1} − m_t)
+    m_t = max(log f_t + m_{t−1}, ĩ)           (ĩ where the state is empty: n = 0)
+    i' = exp(ĩ − m_t),  f' = exp(log f_t + m_{t−1} − m_t)
     c_t = f' c_{t−1} + i' tanh(z̃),   n_t = f' n_{t−1} + i',   h_t = σ(õ) c_t / n_t
 
-The stabiliser scales c and n alike, so h does not depend on it. h_{t−1} enters every gate, so
-the cell runs token by token: ``slstm_recurrent`` is its only kernel, vectorised over the batch,
-heads and channels. A zero state is an empty one.
+with log f_t = log σ(f̃) (``forget="sigmoid"``) or f̃ itself (``"exp"``, the paper's exponential
+forget gate). The stabiliser scales c and n alike, so h does not depend on it. h_{t−1} enters
+every gate, so the cell runs token by token: ``slstm_recurrent`` is its only kernel, vectorised
+over the batch, heads and channels. A zero state is an empty one.
 
 Layout: the input's pre-activations (B, T, 4, H, D) in the order z, i, f, o; a state (h, c, n,
 m), each (B, H, D).
@@ -24,8 +25,8 @@ from torch import Tensor
 State = tuple[Tensor, Tensor, Tensor, Tensor]
 
 
-def slstm_recurrent(wx: Tensor, r: Tensor, bias: Tensor, state: State | None = None
-                    ) -> tuple[Tensor, State]:
+def slstm_recurrent(wx: Tensor, r: Tensor, bias: Tensor, state: State | None = None,
+                    forget: str = "sigmoid") -> tuple[Tensor, State]:
     """(h (B, T, H, D), the state after the last token)."""
     b, t, _, heads, d = wx.shape
     if state is None:
@@ -36,7 +37,7 @@ def slstm_recurrent(wx: Tensor, r: Tensor, bias: Tensor, state: State | None = N
     for step in range(t):
         pre = wx[:, step] + torch.einsum("bhd,ghde->bghe", h, r) + bias  # (B, 4, H, D)
         z, i, f, o = pre.unbind(1)
-        log_f = F.logsigmoid(f) + m
+        log_f = (F.logsigmoid(f) if forget == "sigmoid" else f) + m
         new = torch.where(n == 0, i, torch.maximum(i, log_f))
         write, keep = torch.exp(i - new), torch.exp(log_f - new)
         c = keep * c + write * torch.tanh(z)
