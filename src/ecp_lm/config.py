@@ -47,7 +47,9 @@ MAX_VOCAB = 1 << 32
 """The most token ids a model may have: a token cache stores ids as 32-bit unsigned integers."""
 ROPE_MODES = ("all", "first", "none")
 NORMS = ("layernorm", "rmsnorm")
-FORGET_GATES = ("sigmoid", "exp")
+OPTIONS: dict[str, tuple[str, ...]] = {"forget_gate": ("sigmoid", "exp"),
+                                       "sparse_pattern": ("strided", "fixed")}
+"""The choices of one architecture's own (``Architecture.options``), each unset by default."""
 MLPS = ("gelu", "swiglu")
 GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
@@ -253,18 +255,17 @@ class ModelConfig:
             raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
                              f"has no attention (a recurrent mixer in every layer); leave tied_kv "
                              "false")
-        if self.forget_gate is not None:
-            if self.forget_gate not in FORGET_GATES:
-                raise ValueError(f"forget_gate={self.forget_gate!r} is not one of "
-                                 f"{', '.join(FORGET_GATES)}")
-            if not set(self.layer_archs) & {"mlstm", "slstm"}:
-                raise ValueError(f"forget_gate={self.forget_gate!r} is set, but arch="
-                                 f"{self.arch!r} has no xLSTM layer (mlstm, slstm); leave it "
-                                 f"unset (null)")
-        if self.sparse_pattern is not None and self.arch != "sparse_transformer":
-            raise ValueError(f"sparse_pattern={self.sparse_pattern!r} is set, but "
-                             f"arch={self.arch!r} has no pattern to choose (only "
-                             f"sparse_transformer has); leave it unset (null)")
+        for name, choices in OPTIONS.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if value not in choices:
+                raise ValueError(f"{name}={value!r} is not one of {', '.join(choices)}")
+            if not any(name in architecture(a).options for a in self.layer_archs):
+                users = [a for a in ARCHS if name in architecture(a).options]
+                raise ValueError(f"{name}={value!r} is set, but arch={self.arch!r} has no "
+                                 f"layer that takes it (only {' and '.join(users)} do); leave "
+                                 f"it unset (null)")
         for name in OWN_SIZES:
             value = getattr(self, name)
             if value is not None and name not in own.sizes(self):
@@ -344,8 +345,8 @@ class ModelConfig:
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
             sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
             tied_kv=self.tied_kv and not kind.recurrent,
-            forget_gate=self.forget_gate if arch in ("mlstm", "slstm") else None,
-            sparse_pattern=self.sparse_pattern if arch == "sparse_transformer" else None,
+            **{name: getattr(self, name) if name in kind.options else None
+               for name in OPTIONS},
             **{name: None for name in OWN_SIZES if name not in own})
 
     # Derived sizes -------------------------------------------------------------------------

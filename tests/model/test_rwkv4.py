@@ -115,7 +115,7 @@ def hf_copy(model):
     cfg = model.cfg
     hf = transformers.RwkvForCausalLM(transformers.RwkvConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.d_model, num_hidden_layers=cfg.n_layers,
-        intermediate_size=cfg.ff_mult * cfg.d_model, context_length=cfg.seq_len,
+        intermediate_size=cfg.ff_width, context_length=cfg.seq_len,
         rescale_every=0, layer_norm_epsilon=model.norm.eps, tie_word_embeddings=False))
     with torch.no_grad():
         hf.rwkv.embeddings.weight.copy_(model.embed.weight)

@@ -75,7 +75,7 @@ def test_the_mask_kernel_is_the_reference_and_decoding_is_one_forward(pattern):
 def test_the_pattern_is_checked():
     with pytest.raises(ValueError, match="sparse_pattern='dilated' is not one of strided, fixed"):
         config("strided", sparse_pattern="dilated")
-    with pytest.raises(ValueError, match="arch='ecp' has no pattern to choose"):
+    with pytest.raises(ValueError, match="arch='ecp' has no layer that takes it"):
         ModelConfig(arch="ecp", sparse_pattern="fixed")
     with pytest.raises(ValueError, match="summary_len=2 is set, but arch='sparse_transformer'"):
         ModelConfig(arch="sparse_transformer", summary_len=2)

@@ -211,7 +211,7 @@ def test_the_exponential_forget_gate_runs_every_kernel_and_is_checked():
     exp = build_model(ModelConfig(arch="mlstm", forget_gate="exp", **base)).blocks[0].attn
     torch.testing.assert_close(torch.exp(exp.gate_bias[1]), torch.sigmoid(sig.gate_bias[1]))
     ModelConfig(arch="hybrid", layer_pattern="mlstm,ecp", forget_gate="exp", **base)
-    with pytest.raises(ValueError, match="forget_gate='exp' is set, but arch='ecp' has no xLSTM"):
+    with pytest.raises(ValueError, match="forget_gate='exp' is set, but arch='ecp' has no layer"):
         ModelConfig(arch="ecp", forget_gate="exp")
     with pytest.raises(ValueError, match="forget_gate='tanh' is not one of sigmoid, exp"):
         ModelConfig(arch="mlstm", forget_gate="tanh")

@@ -43,8 +43,8 @@ REGISTRY: dict[str, type[Architecture]] = {
     "mamba": Mamba,
     "mlstm": MLSTM,
     "slstm": SLSTM,
-    "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "performer": Performer,
+    "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "sparse_transformer": SparseTransformer,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }

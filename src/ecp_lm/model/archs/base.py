@@ -253,6 +253,9 @@ class Architecture:
         Attention's interface), or None: the layer attends with this pattern."""
         return None
 
+    options: ClassVar[tuple[str, ...]] = ()
+    """The choices of ``config.OPTIONS`` this pattern takes (refused for a model none of whose
+    layers does)."""
     has_feed_forward: ClassVar[bool] = True
     """Whether a block of this pattern has a feed-forward after its mixer (xLSTM's mLSTM block
     has none: its up-projection is inside the mixer)."""

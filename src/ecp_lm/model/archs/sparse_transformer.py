@@ -31,8 +31,6 @@ from ecp_lm.model.archs.transformer import Transformer
 from ecp_lm.model.kernels.masks import materialize
 from ecp_lm.model.rows import Rows
 
-PATTERNS = ("strided", "fixed")
-
 
 @dataclass(frozen=True)
 class StridedMask:
@@ -66,6 +64,7 @@ class FixedMask:
 class SparseTransformer(Transformer):
     kernels = ("mask",)
     size_fields = ("stride", "summary_len")
+    options = ("sparse_pattern",)
     global_attention = False
 
     @classmethod
@@ -85,9 +84,6 @@ class SparseTransformer(Transformer):
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
         super().check(cfg)
-        if cfg.sparse_pattern not in (None, *PATTERNS):
-            raise ValueError(f"sparse_pattern={cfg.sparse_pattern!r} is not one of "
-                             f"{', '.join(PATTERNS)}")
         if cfg.stride > cfg.seq_len:
             raise ValueError(f"stride={cfg.stride} is longer than the window "
                              f"seq_len={cfg.seq_len}")

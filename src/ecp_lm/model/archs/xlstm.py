@@ -76,6 +76,7 @@ def head_norm(x: Tensor, weight: Tensor, heads: int, eps: float = 1e-6) -> Tenso
 
 
 class _Cell(Recurrent):
+    options = ("forget_gate",)
     @classmethod
     def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
         out = super().defaults(cfg) if "chunk_size" in cls.size_fields else {}
