@@ -165,7 +165,8 @@ def test_tile_entries_small_cases() -> None:
         "sliding_window": [7 * 7 + 7 * 14 + 2 * 9] * 3,
         "block_local": [2 * 8 * 8] * 3,  # b = 2m = 8
         "s2": [(4 * 16 + (4 + 3 * 16 + 4)) // 2] * 3,  # G = 4: squares of 4,4,4,4 | 2,4,4,4,2
-        "sparse_transformer": [256] * 3,  # its dense kernel: the whole square
+        # ℓ = 4, 2 heads: blocks of 4 against 8 keys but the first (112) | 4 classes of 4² (64)
+        "sparse_transformer": [(112 + 64) // 2] * 3,
         **{arch: [0] * 3 for arch in NO_ATTENTION},  # no attention
     }
     for cost in compare(base, ARCHS):

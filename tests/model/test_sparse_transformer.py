@@ -1,7 +1,7 @@
 """The Sparse Transformer (``sparse_transformer``), both of Child et al.'s patterns: a one-layer
 model's output at q moves with exactly the inputs the pattern lets q see (written out here from
-the paper), the mask kernel equals the dense reference forward and backward, and decoding from
-the window's cache equals the full forward."""
+the paper), each kernel equals the dense reference forward and backward, and decoding from the
+window's cache equals the full forward."""
 
 from __future__ import annotations
 
@@ -55,10 +55,11 @@ def test_each_output_depends_on_what_its_pattern_sees(pattern):
                     assert bool(changed[head, q]) == sees(pattern, q, kv, head), (head, q, kv)
 
 
+@pytest.mark.parametrize("kernel", ["flash", "mask"])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_the_mask_kernel_is_the_reference_and_decoding_is_one_forward(pattern):
+def test_each_kernel_is_the_reference_and_decoding_is_one_forward(pattern, kernel):
     tokens = random_tokens(2, 24, vocab=50)
-    fast = build_model(config(pattern, n_layers=2)).double()
+    fast = build_model(config(pattern, n_layers=2, attn_impl=kernel)).double()
     ref = build_model(config(pattern, n_layers=2, attn_impl="reference")).double()
     ref.load_state_dict(fast.state_dict())
     for model in (fast, ref):

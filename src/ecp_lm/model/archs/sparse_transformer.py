@@ -10,8 +10,11 @@ Two patterns, each a mask predicate on absolute positions, with ``stride`` ℓ (
   kv mod ℓ ≥ ℓ − c (default c = max(1, ℓ // 16)).
 
 At ℓ = √N a query sees about √N positions of each kind: O(N·√N) entries over the window (the
-cost ``ecp complexity`` counts). The kernels here run the predicate densely (``mask``: one
-scaled-dot-product call with the boolean mask, O(N²) time), as the reference does; FlexAttention
+cost ``ecp complexity`` counts). Kernels: ``flash`` runs the strided pattern in O(N·√N): the
+local heads as a sliding window (blocks of ℓ against their previous block), the strided heads as
+causal attention within each residue class mod ℓ (the rows regrouped so that a class is
+contiguous); the fixed pattern it runs densely. ``mask`` runs the predicate densely for either
+(one scaled-dot-product call with the boolean mask, O(N²)), as the reference does; FlexAttention
 runs it blockwise. Like the transformer, the model reads windows of at most N and decodes from a
 cache of the window, the predicate applied to the positions it holds.
 """
@@ -29,6 +32,7 @@ from torch import Tensor
 from ecp_lm.model.archs.base import ArchConfig
 from ecp_lm.model.archs.transformer import Transformer
 from ecp_lm.model.kernels.masks import materialize
+from ecp_lm.model.kernels.sdpa import paired_blocks_attention
 from ecp_lm.model.rows import Rows
 
 
@@ -62,7 +66,7 @@ class FixedMask:
 
 
 class SparseTransformer(Transformer):
-    kernels = ("mask",)
+    kernels = ("flash", "mask")
     size_fields = ("stride", "summary_len")
     options = ("sparse_pattern",)
     global_attention = False
@@ -100,24 +104,66 @@ class SparseTransformer(Transformer):
     def layer_cost(self, layer: int) -> tuple[int | float, int | float]:
         # Entries per query q (0-based): strided, min(q + 1, ℓ) for the local heads and
         # q // ℓ + 1 for the others (the mean over heads); fixed, q mod ℓ + 1 in its block and
-        # c in each of the q // ℓ blocks before. Tiles: the dense kernel's whole causal square.
+        # c in each of the q // ℓ blocks before. Tiles, of the ``flash`` kernel: the local heads'
+        # blocks of ℓ against their previous block and themselves, the strided heads' ℓ
+        # residue classes of ⌈N/ℓ⌉ rows, each a whole square; the fixed pattern's dense square.
         n, c = self.cfg.seq_len, self.cfg
         stride = c.stride
         if c.sparse_pattern == "fixed":
             entries = sum(q % stride + 1 + (q // stride) * c.summary_len for q in range(n))
-        else:
-            local = sum(min(q + 1, stride) for q in range(n))
-            strided = sum(q // stride + 1 for q in range(n))
-            half = c.n_heads // 2
-            total = half * local + (c.n_heads - half) * strided
-            entries = total // c.n_heads if total % c.n_heads == 0 else total / c.n_heads
-        return entries, n * n
+            return entries, n * n
+        half = c.n_heads // 2
+        local = (sum(min(q + 1, stride) for q in range(n)),
+                 sum(r * (r + (stride if start else 0))
+                     for start, r in ((s, min(stride, n - s)) for s in range(0, n, stride))))
+        strided = (sum(q // stride + 1 for q in range(n)), stride * (-(-n // stride)) ** 2)
+        return tuple(_mean(half * a + (c.n_heads - half) * b, c.n_heads)
+                     for a, b in zip(local, strided, strict=True))
 
     def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
         return self.kernels
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
+        if kernel == "flash" and isinstance(self.mask, StridedMask) and not len(rows.history):
+            t, rq = k.size(2), q.size(2)
+            q = F.pad(q, (0, 0, t - rq, 0))  # queries at every row; the first t - rq unread
+            half = q.size(1) // 2
+            stride = self.cfg.stride
+            local = paired_blocks_attention(q[:, :half], k[:, :half], v[:, :half], stride,
+                                            _window_pairs(stride, q.device), dropout_p)
+            strided = residue_attention(q[:, half:], k[:, half:], v[:, half:], stride,
+                                        dropout_p)
+            return torch.cat([local, strided], dim=1)[:, :, t - rq:]
         kv_pos = rows.positions(q.device)
         allowed = materialize(self.mask, kv_pos[len(rows) - q.size(2):], kv_pos, q.size(1))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p)
+
+
+def _mean(total: int, count: int) -> int | float:
+    """total / count, an int when exact."""
+    return total // count if total % count == 0 else total / count
+
+
+def _window_pairs(w: int, device: torch.device) -> Tensor:
+    """(w, 2w): query i of a block of w sees keys i + 1 .. i + w of [previous block, own]."""
+    row = torch.arange(w, device=device)[:, None]
+    col = torch.arange(2 * w, device=device)[None, :]
+    return (col > row) & (col <= row + w)
+
+
+def residue_attention(q: Tensor, k: Tensor, v: Tensor, stride: int, dropout_p: float = 0.0
+                      ) -> Tensor:
+    """Causal attention of each row to the rows ``stride`` apart before it: rows (B, H, T, D)
+    padded to whole strides and regrouped so that each residue class mod ``stride`` is one
+    sequence of T / stride rows, then causal attention within each, O(T·T/stride)."""
+    b, h, t, d = q.shape
+    pad = -t % stride
+
+    def grouped(x: Tensor) -> Tensor:  # (B, H, T', D) -> (B, H, stride, T'/stride, D)
+        x = F.pad(x, (0, 0, 0, pad))
+        return x.view(b, h, -1, stride, d).transpose(2, 3)
+
+    out = F.scaled_dot_product_attention(grouped(q), grouped(k), grouped(v),
+                                         dropout_p=dropout_p, is_causal=True)
+    return out.transpose(2, 3).reshape(b, h, t + pad, d)[:, :, :t]
