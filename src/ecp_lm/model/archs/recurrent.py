@@ -109,7 +109,7 @@ class Recurrent(Architecture):
             raise ValueError(f"arch={cfg.arch!r} is a recurrent mixer, which has no "
                              f"attn_impl={cfg.attn_impl!r} kernel; its kernels: "
                              f"{', '.join(choices)} (reference: the token-by-token recurrence)")
-        if cfg.chunk_size > cfg.seq_len:
+        if cfg.chunk_size is not None and cfg.chunk_size > cfg.seq_len:  # (sLSTM has none)
             raise ValueError(f"chunk_size={cfg.chunk_size} is longer than the window "
                              f"seq_len={cfg.seq_len}: a training window would never fill one "
                              f"chunk; set at most {cfg.seq_len} (or leave it unset)")

@@ -175,11 +175,7 @@ class SLSTM(_Cell):
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
-        choices = ("auto", "reference", *cls.kernels)
-        if cfg.attn_impl not in choices:
-            raise ValueError(f"arch={cfg.arch!r} is a recurrent mixer, which has no "
-                             f"attn_impl={cfg.attn_impl!r} kernel; its kernels: "
-                             f"{', '.join(choices)} (both run its cell token by token)")
+        super().check(cfg)
         if cfg.d_model % cfg.n_heads:
             raise ValueError(f"arch=slstm: d_model={cfg.d_model} is not divisible by "
                              f"n_heads={cfg.n_heads}")
