@@ -13,7 +13,7 @@ PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
 RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
              "performer")  # SPEC §3d: a state carried from token to token, no softmax attention
 NO_ATTENTION = (*RECURRENT, "xlstm")  # xlstm: a stack of mlstm and slstm layers
-UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", *NO_ATTENTION)
+UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", "longformer", *NO_ATTENTION)
 
 # N = 32, l = 16 (h = 16), S = 4: ECP m = 8, s-Split history segments of 4, compressed p = 8;
 # sliding_window w = 13 (ECP's cost), block_local b = 16, s2 groups of 8.
@@ -208,3 +208,16 @@ def load_script(path, name: str):
         sys.modules[name] = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(sys.modules[name])
     return sys.modules[name]
+
+
+def assert_kernel_is_reference(fast_cfg, ref_cfg, tokens):
+    """A model of ``fast_cfg`` and one of ``ref_cfg`` (the same but its ``attn_impl``), with the
+    same weights, in float64: the same loss and gradients. Returns the first, for decoding."""
+    fast, ref = build_model(fast_cfg).double(), build_model(ref_cfg).double()
+    ref.load_state_dict(fast.state_dict())
+    for model in (fast, ref):
+        model.loss(tokens).backward()
+    torch.testing.assert_close(fast.loss(tokens), ref.loss(tokens), atol=1e-12, rtol=0)
+    for (name, a), b in zip(fast.named_parameters(), ref.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-8, msg=name)
+    return fast

@@ -225,11 +225,14 @@ def test_a_saved_block_local_window_is_read_as_its_block_len():
     assert torch.equal(a(tokens), b(tokens))
 
 
-@pytest.mark.parametrize(("name", "owner"), [("window", "sliding_window"),
-                                             ("block_len", "block_local"), ("group_len", "s2")])
-def test_each_size_is_refused_where_the_pattern_has_none(name, owner):
-    assert getattr(ModelConfig(arch=owner, **{name: 8}), name) == 8
+@pytest.mark.parametrize(("name", "owners"), [("window", ("sliding_window", "longformer")),
+                                              ("block_len", ("block_local",)),
+                                              ("group_len", ("s2",))])
+def test_each_size_is_refused_where_the_pattern_has_none(name, owners):
+    users = " and ".join(owners) + (" use" if len(owners) > 1 else " uses")
     for arch in ARCHS:
-        if arch != owner and not (arch == "block_local" and name == "window"):
-            raises(rf"^{name}=8 is set, but arch='{arch}' has no {name} \(only {owner} uses "
+        if arch in owners:
+            assert getattr(ModelConfig(arch=arch, **{name: 8}), name) == 8
+        elif not (arch == "block_local" and name == "window"):
+            raises(rf"^{name}=8 is set, but arch='{arch}' has no {name} \(only {users} "
                    rf"one\)", arch=arch, **{name: 8})

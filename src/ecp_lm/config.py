@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
                           "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-                          "performer", "xlstm", "sparse_transformer")
+                          "performer", "xlstm", "sparse_transformer", "longformer")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -64,7 +64,8 @@ class ModelConfig:
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
     mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
     ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+), the
-    ``sparse_transformer``; or ``hybrid``, whose layers follow ``layer_pattern``."""
+    ``sparse_transformer``, ``longformer``; or ``hybrid``, whose layers follow
+    ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -84,10 +85,11 @@ class ModelConfig:
     ``segment_len`` is the segment length (for ``s2``, its group G)."""
     compressed_len: int | None = None
     """p: rows the history is compressed to after layer 0 (``compressed_double``; default h/2)."""
-    window: int | None = None
-    """w: ``sliding_window``'s window, its only use: each query sees itself and w - 1 earlier
-    positions (default: the same unmasked score entries as ``ecp`` at this N and S, from ECP's
-    m = N/S; about 3m/2)."""
+    window: int | str | None = None
+    """w: the window of ``sliding_window`` and ``longformer``: each query sees itself and w - 1
+    earlier positions (default: the same unmasked score entries as ``ecp`` at this N and S, from
+    ECP's m = N/S; about 3m/2). For ``longformer`` also a comma list, one width per layer
+    (``'32,64,128,256'``)."""
     block_len: int | None = None
     """b: ``block_local``'s block, causal attention within blocks of b positions aligned to 0
     (default 2m = 2·N/S from ECP's m, ECP's one-layer reach). Configs saved by an earlier
@@ -95,6 +97,12 @@ class ModelConfig:
     group_len: int | None = None
     """G: ``s2``'s group, causal attention within groups of G positions, half of the heads' shifted
     by G/2; even (default ECP's m = N/S, which then needs N divisible by S)."""
+    dilation: int | str | None = None
+    """d: ``longformer``'s dilation, one for every layer or a comma list of one per layer
+    (default 1): in a layer with d > 1, heads H/2 .. H - 1 see w positions d apart."""
+    global_tokens: int = 0
+    """g: ``longformer``'s global tokens: positions 0 .. g - 1, which every later query sees
+    besides its window (decoding keeps them in g slots of their own). 0 (default): none."""
     sink_tokens: int = 0
     """k: attention sinks of ``sliding_window`` (and of a hybrid's sliding_window layers): every
     query at position q also sees positions 0 .. k - 1 (those <= q) besides its window, as in
@@ -235,11 +243,11 @@ class ModelConfig:
                              f"but num_classes={self.num_classes} replaces it")
         for name in ("latent_len", "compressed_len", *OWN_SIZES):
             value = getattr(self, name)
+            if name in LAYER_LISTS and isinstance(value, str):
+                continue  # a list per layer: checked by the architectures that take one
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise ValueError(f"{name}={value!r} must be an integer")
-        for name in OWN_SIZES:
-            value = getattr(self, name)
-            if value is not None and value < 1:
+            if name in OWN_SIZES and value is not None and value < 1:
                 raise ValueError(f"{name}={value} must be a positive integer")
         own = architecture(self.arch)
         for old, new in own.renamed.items():
@@ -251,6 +259,13 @@ class ModelConfig:
                     f"earlier release are read with the old name")
         self._check_layers()
         self._check_sinks()
+        g = self.global_tokens
+        if isinstance(g, bool) or not isinstance(g, int) or g < 0:
+            raise ValueError(f"global_tokens={g!r} must be a non-negative integer")
+        if g and "global_tokens" not in own.sizes(self):
+            raise ValueError(f"global_tokens={g} is set, but arch={self.arch!r} has no "
+                             "longformer layer (global tokens are longformer's); leave "
+                             "global_tokens at 0")
         if self.tied_kv and all(architecture(a).recurrent for a in self.layer_archs):
             raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
                              f"has no attention (a recurrent mixer in every layer); leave tied_kv "
@@ -344,6 +359,7 @@ class ModelConfig:
         return dataclasses.replace(
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
             sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
+            global_tokens=self.global_tokens if "global_tokens" in own else 0,
             tied_kv=self.tied_kv and not kind.recurrent,
             **{name: getattr(self, name) if name in kind.options else None
                for name in OPTIONS},
@@ -511,9 +527,11 @@ def _short(text: str, most: int = 60) -> str:
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
                                "conv_size", "chunk_size", "num_features", "feature_redraw",
-                               "stride", "summary_len")
+                               "stride", "summary_len", "dilation")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
+LAYER_LISTS: tuple[str, ...] = ("window", "dilation")
+"""The sizes ``longformer`` also takes as a comma list, one per layer."""
 
 
 def saved_fields(data: dict[str, Any]) -> dict[str, Any]:

@@ -84,6 +84,15 @@ def strided_mask(stride: int, n_heads: int) -> Callable[[int, int, int], bool]:
     return mask
 
 
+def longformer_mask(w: int, d: int, g: int, n_heads: int) -> Callable[[int, int, int], bool]:
+    """Beltagy et al. §3.1: w positions with gaps of d (heads H/2.. of a dilated layer; 1 apart
+    on the others) ending at q, and the g global tokens."""
+    def mask(q: int, kv: int, head: int) -> bool:
+        step = d if head >= n_heads // 2 else 1
+        return kv in {q - j * step for j in range(w)} or (kv < g and kv <= q)
+    return mask
+
+
 def s2_mask(g: int, n_heads: int) -> Callable[[int, int, int], bool]:
     """SPEC §3b s2: groups of G; the second half of the heads' groups shifted by G/2."""
     def mask(q: int, kv: int, head: int) -> bool:
@@ -97,6 +106,16 @@ def brute_force_entries(cfg: ModelConfig) -> list[float]:
     resolved = cfg.resolved()
     per_head = {"s2": lambda: s2_mask(resolved.group_len, cfg.n_heads),
                 "sparse_transformer": lambda: strided_mask(resolved.stride, cfg.n_heads)}
+    if cfg.arch == "longformer":
+        n, h = cfg.seq_len, cfg.n_heads
+
+        def each_layer(value: int | str) -> list[int]:
+            items = [int(x) for x in str(value).split(",")]
+            return items * cfg.n_layers if len(items) == 1 else items
+        masks = [longformer_mask(w, d, resolved.global_tokens, h) for w, d in
+                 zip(each_layer(resolved.window), each_layer(resolved.dilation), strict=True)]
+        return [sum(mask(q, kv, head) for head in range(h) for q in range(n) for kv in range(n))
+                / h for mask in masks]
     if cfg.arch in per_head and resolved.sparse_pattern != "fixed":
         mask, n = per_head[cfg.arch](), cfg.seq_len
         per_layer = sum(mask(q, kv, h) for h in range(cfg.n_heads) for q in range(n)
@@ -138,6 +157,12 @@ CASES += [pytest.param("sparse_transformer", dict(seq_len=n, num_segments=1, n_l
                        id=f"sparse-N{n}-l{st}-{extra.get('sparse_pattern', 'strided')}")
           for n, st in [(16, 4), (17, 5), (24, 1), (10, 10)]
           for extra in ({}, dict(sparse_pattern="fixed", summary_len=min(2, st)))]
+CASES += [pytest.param("longformer", dict(seq_len=n, num_segments=1, n_layers=2, **extra),
+                       id=f"longformer-N{n}-" + "-".join(f"{k}{v}" for k, v in extra.items()))
+          for n in (16, 19)
+          for extra in (dict(window=5), dict(window="3,6", dilation=2),
+                        dict(window=4, dilation="1,3", global_tokens=2),
+                        dict(window="1,20", dilation="4,2", global_tokens=7))]
 
 
 @pytest.mark.parametrize(("arch", "sizes"), CASES)
@@ -167,6 +192,7 @@ def test_tile_entries_small_cases() -> None:
         "s2": [(4 * 16 + (4 + 3 * 16 + 4)) // 2] * 3,  # G = 4: squares of 4,4,4,4 | 2,4,4,4,2
         # ℓ = 4, 2 heads: blocks of 4 against 8 keys but the first (112) | 4 classes of 4² (64)
         "sparse_transformer": [(112 + 64) // 2] * 3,
+        "longformer": [7 * 7 + 7 * 14 + 2 * 9] * 3,  # one window of 7, as sliding_window's
         **{arch: [0] * 3 for arch in NO_ATTENTION},  # no attention
     }
     for cost in compare(base, ARCHS):

@@ -58,6 +58,9 @@ CASES: dict[str, dict] = {**{arch: dict(arch=arch) for arch in ARCHS},
                           # attention sinks: a cache of w + k slots, through config.json
                           "sliding_window sink_tokens=3": dict(arch="sliding_window",
                                                                sink_tokens=3),
+                          # Longformer's windows per layer, dilation and global tokens
+                          "longformer per layer": dict(arch="longformer", window="5,9",
+                                                       dilation="1,2", global_tokens=2),
                           # Llama's skeleton: RMSNorm, SwiGLU, no biases, through config.json
                           "llama": dict(arch="transformer", norm="rmsnorm", mlp="swiglu",
                                         bias=False),
@@ -169,6 +172,7 @@ def test_greedy_generate_equals_ecp_lm_generate(case, prompt_len):
 @pytest.mark.parametrize(("case", "n_layers", "batch", "capacities"), [
     ("ecp", 3, 1, [2 * M] * 3),
     (LOCAL_HYBRID, None, 2, [2 * M, 8, 13]),  # ecp's 2m, block_local's b, sliding_window's w
+    ("longformer per layer", None, 1, [5 + 2, 17 + 2]),  # (w - 1)·d + 1 and g global slots
 ])
 def test_generating_past_3n_keeps_each_layer_s_ring(case, n_layers, batch, capacities):
     """ECP, and a hybrid of local layers each on a ring of its own capacity: 3N + 7 tokens in

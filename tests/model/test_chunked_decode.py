@@ -33,6 +33,12 @@ RING_CACHED = {
     "sliding_window+sinks": ("sliding_window", dict(sink_tokens=3, **SMALL)),
     "hybrid(sliding_window,ecp)+sinks": (
         "hybrid", dict(layer_pattern="sliding_window,ecp", sink_tokens=2, **SMALL)),
+    # Longformer: a window per layer, half the heads dilated in one, global tokens in slots of
+    # their own
+    "longformer+dilation+globals": ("longformer", dict(window="3,5", dilation="2,1",
+                                                       global_tokens=2, **SMALL)),
+    "hybrid(longformer,ecp)+dilation": ("hybrid", dict(layer_pattern="longformer,ecp",
+                                                       window=3, dilation=3, **SMALL)),
     # recurrent layers: their states beside the other layers' rings (Samba's pattern, ECP's)
     "hybrid(mamba2,sliding_window)": (
         "hybrid", dict(layer_pattern="mamba2,sliding_window", **SMALL)),

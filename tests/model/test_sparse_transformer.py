@@ -11,7 +11,7 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.generation import generate
 from ecp_lm.model.rows import Rows
-from helpers import random_tokens
+from helpers import assert_kernel_is_reference, random_tokens
 
 PATTERNS = {"strided": dict(), "fixed": dict(sparse_pattern="fixed", summary_len=2)}
 
@@ -59,14 +59,8 @@ def test_each_output_depends_on_what_its_pattern_sees(pattern):
 @pytest.mark.parametrize("pattern", PATTERNS)
 def test_each_kernel_is_the_reference_and_decoding_is_one_forward(pattern, kernel):
     tokens = random_tokens(2, 24, vocab=50)
-    fast = build_model(config(pattern, n_layers=2, attn_impl=kernel)).double()
-    ref = build_model(config(pattern, n_layers=2, attn_impl="reference")).double()
-    ref.load_state_dict(fast.state_dict())
-    for model in (fast, ref):
-        model.loss(tokens).backward()
-    torch.testing.assert_close(fast.loss(tokens), ref.loss(tokens), atol=1e-12, rtol=0)
-    for (name, a), b in zip(fast.named_parameters(), ref.parameters(), strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-8, msg=name)
+    fast = assert_kernel_is_reference(config(pattern, n_layers=2, attn_impl=kernel),
+                                      config(pattern, n_layers=2, attn_impl="reference"), tokens)
     fast.eval()
     prompt = tokens[:1, :5]
     cached = generate(fast, prompt, 19)

@@ -48,7 +48,8 @@ FLOPS_PER_ENTRY_PER_CHANNEL = 4
 SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "window": "w",
               "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
               "conv_size": "conv", "chunk_size": "chunk", "num_features": "M",
-              "feature_redraw": "redraw", "stride": "ℓ", "summary_len": "c"}
+              "feature_redraw": "redraw", "stride": "ℓ", "summary_len": "c", "dilation": "d",
+              "global_tokens": "g"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -70,8 +71,9 @@ class AttentionCost:
     """S (ecp and ssplit only, or a hybrid with ecp layers; else None)."""
     compressed_len: int | None
     """p (compressed_double only, else None)."""
-    window: int | None
-    """w (sliding_window, or a hybrid with its layers; else None)."""
+    window: int | str | None
+    """w (sliding_window and longformer, or a hybrid with their layers; else None); longformer's
+    may be a comma list, one per layer."""
     block_len: int | None
     """b (block_local, or a hybrid with its layers; else None)."""
     group_len: int | None
@@ -99,6 +101,10 @@ class AttentionCost:
     """ℓ, the sparse transformer's stride (else None)."""
     summary_len: int | None = None
     """c, its fixed pattern's summary positions per block (else None)."""
+    dilation: int | str | None = None
+    """d, longformer's dilation (one, or a comma list per layer; else None)."""
+    global_tokens: int | None = None
+    """g, longformer's global tokens (else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the
@@ -266,6 +272,8 @@ def compare(base: ModelConfig | Mapping[str, Any], archs: Iterable[str],
                     own.pop(name, None)
             if not any(architecture(name).takes_sink_tokens for name in names):
                 own.pop("sink_tokens", None)  # sinks extend a window: none without one
+            if "global_tokens" not in used:
+                own.pop("global_tokens", None)
             cfg = ModelConfig.from_dict(own)
         except ValueError as err:
             raise ValueError(f"{label}: {err}") from err

@@ -16,7 +16,8 @@ SIZE_OVERRIDES = {
     "num_segments": "S: segments per window (ECP's m = N/S, from which the baselines' default "
                     "sizes are set), or s-Split's history segments (h/S)",
     "compressed_len": "p: rows compressed_double compresses the history to (default h/2)",
-    "window": "w: sliding_window's window (default: ECP's cost)",
+    "window": "w: the window of sliding_window and longformer (default: ECP's cost; a list per "
+              "layer for longformer through --config)",
     "block_len": "b: block_local's block (default 2m)",
     "group_len": "G: s2's group (default m; even)",
     "sink_tokens": "k: sliding_window's attention sinks, counted in its cost (default 0)",
@@ -29,6 +30,8 @@ SIZE_OVERRIDES = {
     "feature_redraw": "performer's training steps between draws of its features (default 1000)",
     "stride": "ℓ: sparse_transformer's stride (default ⌈√N⌉)",
     "summary_len": "c: the fixed sparse pattern's summary positions per block",
+    "dilation": "d: longformer's dilation on half of its heads (default 1)",
+    "global_tokens": "g: longformer's global tokens, counted in its cost (default 0)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

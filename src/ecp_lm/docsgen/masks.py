@@ -34,6 +34,9 @@ GAP, LEFT, TOP = 28, 16, 40
 
 PICTURES: dict[str, dict[str, object]] = {
     **{arch: {"arch": arch} for arch in ARCHS},
+    # a window per layer, half the heads of the top layer dilated, two global tokens
+    "longformer": {"arch": "longformer", "window": "4,6,5", "dilation": "1,1,3",
+                   "global_tokens": 2},
     "hybrid_ecp": {"arch": "hybrid", "layer_pattern": "ecp*2,transformer"},
     "hybrid_sliding_window": {"arch": "hybrid", "layer_pattern": "sliding_window*2,transformer"},
     "hybrid_mamba2": {"arch": "hybrid", "layer_pattern": "mamba2*2,sliding_window"},

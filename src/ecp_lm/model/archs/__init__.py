@@ -14,6 +14,7 @@ from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.hybrid import XLSTM, Hybrid
+from ecp_lm.model.archs.longformer import Longformer
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
@@ -46,6 +47,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "performer": Performer,
     "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "sparse_transformer": SparseTransformer,
+    "longformer": Longformer,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

@@ -37,7 +37,9 @@ class ArchConfig(Protocol):
     num_segments: int
     latent_len: int | None
     compressed_len: int | None
-    window: int | None
+    window: int | str | None
+    dilation: int | str | None
+    global_tokens: int
     block_len: int | None
     group_len: int | None
     sink_tokens: int

@@ -34,6 +34,7 @@ from ecp_lm.model.archs.base import ArchConfig, Architecture, BandArchitecture
 from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
+from ecp_lm.model.archs.longformer import Longformer
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.performer import Performer
@@ -60,6 +61,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "slstm": SLSTM,
     "performer": Performer,
     "sparse_transformer": SparseTransformer,
+    "longformer": Longformer,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:
@@ -98,7 +100,9 @@ class Hybrid(Architecture):
                  for name, kind in _kinds(self.cfg).items()}
         self.kinds: list[Architecture] = list(kinds.values())
         """One instance per distinct architecture, shared by its layers."""
-        self.layers: list[Architecture] = [kinds[name] for name in self.cfg.layer_archs]
+        self.layers: list[Architecture] = [kinds[name].layer(i)
+                                           for i, name in enumerate(self.cfg.layer_archs)]
+        """Layer i's pattern: its kind's ``layer(i)`` (longformer's windows differ by layer)."""
 
     # Configuration --------------------------------------------------------------------------
     @classmethod

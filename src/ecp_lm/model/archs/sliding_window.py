@@ -94,6 +94,9 @@ class SlidingWindow(SizedBand):
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
+        if isinstance(cfg.window, str):
+            raise ValueError(f"window={cfg.window!r}: a width per layer is longformer's; "
+                             f"arch={cfg.arch!r} takes one window")
         super().check(cfg)
         if cfg.sink_tokens >= cfg.window:
             raise ValueError(f"sink_tokens={cfg.sink_tokens} is not below window={cfg.window}: "

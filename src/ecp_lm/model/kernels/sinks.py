@@ -108,8 +108,9 @@ def paired_blocks_with_sinks(q: Tensor, k: Tensor, v: Tensor, block_len: int, pa
                              sink_k: Tensor, sink_v: Tensor, allowed: Tensor,
                              dropout_p: float = 0.0) -> Tensor:
     """Rows cut into blocks of c = ``block_len`` from the first, each block against [the sink
-    columns where ``allowed`` (T, n) says, its previous block and itself under ``pair_mask``
-    (c, 2c); block 0 has no previous block]: one SDPA call batched over blocks."""
+    columns where ``allowed`` (T, n), or (H, T, n) per head, says, its previous block and
+    itself under ``pair_mask`` (c, 2c); block 0 has no previous block]: one SDPA call batched
+    over blocks."""
     b, n_heads, t, d = q.shape
     c, n = block_len, sink_k.size(2)
     pad = -t % c
@@ -120,10 +121,10 @@ def paired_blocks_with_sinks(q: Tensor, k: Tensor, v: Tensor, block_len: int, pa
         previous = F.pad(blocks[:, :, :-1], (0, 0, 0, 0, 1, 0))  # block 0's: zeros, masked
         return torch.cat([sinks[:, :, None].expand(b, n_heads, s, n, d), previous, blocks], 3)
 
-    sink_cols = F.pad(allowed, (0, 0, 0, pad)).view(s, c, n)
+    sink_cols = F.pad(allowed, (0, 0, 0, pad)).unflatten(-2, (s, c))  # (..., S, c, n)
     pair = pair_mask.expand(s, c, 2 * c).clone()
     pair[0, :, :c] = False
-    mask = torch.cat([sink_cols, pair], dim=-1)  # (S, c, n + 2c)
+    mask = torch.cat([sink_cols, pair.expand(*sink_cols.shape[:-1], 2 * c)], dim=-1)
     out = F.scaled_dot_product_attention(q, keys(k, sink_k), keys(v, sink_v), attn_mask=mask,
                                          dropout_p=dropout_p)
     return out.reshape(b, n_heads, -1, d)[:, :, :t]
