@@ -10,10 +10,11 @@ Two patterns, each a mask predicate on absolute positions, with ``stride`` ℓ (
   kv mod ℓ ≥ ℓ − c (default c = max(1, ℓ // 16)).
 
 At ℓ = √N a query sees about √N positions of each kind: O(N·√N) entries over the window (the
-cost ``ecp complexity`` counts). Kernels: ``flash`` runs the strided pattern in O(N·√N): the
-local heads as a sliding window (blocks of ℓ against their previous block), the strided heads as
-causal attention within each residue class mod ℓ (the rows regrouped so that a class is
-contiguous); the fixed pattern it runs densely. ``mask`` runs the predicate densely for either
+cost ``ecp complexity`` counts). Kernels: ``flash`` runs either pattern in O(N·√N): the strided
+one's local heads as a sliding window (blocks of ℓ against their previous block), its strided
+heads as causal attention within each residue class mod ℓ (the rows regrouped so that a class is
+contiguous); the fixed one as each block of ℓ against itself and the summary positions of the
+blocks before the last (c per block: O(N·c·N/ℓ)). ``mask`` runs the predicate densely for either
 (one scaled-dot-product call with the boolean mask, O(N²)), as the reference does; FlexAttention
 runs it blockwise. Like the transformer, the model reads windows of at most N and decodes from a
 cache of the window, the predicate applied to the positions it holds.
@@ -106,12 +107,15 @@ class SparseTransformer(Transformer):
         # q // ℓ + 1 for the others (the mean over heads); fixed, q mod ℓ + 1 in its block and
         # c in each of the q // ℓ blocks before. Tiles, of the ``flash`` kernel: the local heads'
         # blocks of ℓ against their previous block and themselves, the strided heads' ℓ
-        # residue classes of ⌈N/ℓ⌉ rows, each a whole square; the fixed pattern's dense square.
+        # residue classes of ⌈N/ℓ⌉ rows, each a whole square; the fixed pattern's blocks of ℓ,
+        # each against itself and the c summary positions of every block before the last.
         n, c = self.cfg.seq_len, self.cfg
         stride = c.stride
         if c.sparse_pattern == "fixed":
             entries = sum(q % stride + 1 + (q // stride) * c.summary_len for q in range(n))
-            return entries, n * n
+            summaries = (-(-n // stride) - 1) * c.summary_len
+            return entries, sum(r * (r + summaries)
+                                for r in (min(stride, n - s) for s in range(0, n, stride)))
         half = c.n_heads // 2
         local = (sum(min(q + 1, stride) for q in range(n)),
                  sum(r * (r + (stride if start else 0))
@@ -125,11 +129,14 @@ class SparseTransformer(Transformer):
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,
                kernel: str) -> Tensor:
-        if kernel == "flash" and isinstance(self.mask, StridedMask) and not len(rows.history):
+        if kernel == "flash" and not len(rows.history):
             t, rq = k.size(2), q.size(2)
             q = F.pad(q, (0, 0, t - rq, 0))  # queries at every row; the first t - rq unread
-            half = q.size(1) // 2
             stride = self.cfg.stride
+            if isinstance(self.mask, FixedMask):
+                out = summary_attention(q, k, v, stride, self.cfg.summary_len, dropout_p)
+                return out[:, :, t - rq:]
+            half = q.size(1) // 2
             local = paired_blocks_attention(q[:, :half], k[:, :half], v[:, :half], stride,
                                             _window_pairs(stride, q.device), dropout_p)
             strided = residue_attention(q[:, half:], k[:, half:], v[:, half:], stride,
@@ -167,3 +174,30 @@ def residue_attention(q: Tensor, k: Tensor, v: Tensor, stride: int, dropout_p: f
     out = F.scaled_dot_product_attention(grouped(q), grouped(k), grouped(v),
                                          dropout_p=dropout_p, is_causal=True)
     return out.transpose(2, 3).reshape(b, h, t + pad, d)[:, :, :t]
+
+
+def summary_attention(q: Tensor, k: Tensor, v: Tensor, stride: int, summary_len: int,
+                      dropout_p: float = 0.0) -> Tensor:
+    """The fixed pattern over rows (B, H, T, D) from position 0: each block of ``stride`` rows
+    causally within itself and, beside it, the last ``summary_len`` rows of every earlier block
+    (the summaries of every block but the last, masked per block): one SDPA call batched over
+    blocks, O(T·(stride + summaries))."""
+    b, h, t, d = q.shape
+    pad = -t % stride
+    q, k, v = (F.pad(x, (0, 0, 0, pad)).view(b, h, -1, stride, d) for x in (q, k, v))
+    blocks = q.size(2)
+    pos = torch.arange((blocks - 1) * stride, device=q.device)
+    cols = pos[pos % stride >= stride - summary_len]  # (n,) summary positions
+    n = len(cols)
+
+    def keys(x: Tensor) -> Tensor:  # (B, H, S, n + stride, D): the summaries, then the block
+        summary = x.view(b, h, -1, d)[:, :, cols]
+        return torch.cat([summary[:, :, None].expand(b, h, blocks, n, d), x], dim=3)
+
+    earlier = (cols // stride)[None, :] < torch.arange(blocks, device=q.device)[:, None]
+    own = torch.ones(stride, stride, dtype=torch.bool, device=q.device).tril()
+    mask = torch.cat([earlier[:, None, :].expand(blocks, stride, n),
+                      own.expand(blocks, stride, stride)], dim=-1)  # (S, stride, n + stride)
+    out = F.scaled_dot_product_attention(q, keys(k), keys(v), attn_mask=mask,
+                                         dropout_p=dropout_p)
+    return out.reshape(b, h, -1, d)[:, :, :t]
