@@ -32,7 +32,8 @@ if TYPE_CHECKING:
 ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_double", "ssplit",
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
                           "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-                          "performer", "xlstm", "sparse_transformer", "longformer")
+                          "performer", "xlstm", "sparse_transformer", "longformer",
+                          "compressive")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -64,7 +65,7 @@ class ModelConfig:
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
     mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
     ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+), the
-    ``sparse_transformer``, ``longformer``; or ``hybrid``, whose layers follow
+    ``sparse_transformer``, ``longformer``, ``compressive``; or ``hybrid``, whose layers follow
     ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
@@ -103,6 +104,12 @@ class ModelConfig:
     global_tokens: int = 0
     """g: ``longformer``'s global tokens: positions 0 .. g - 1, which every later query sees
     besides its window (decoding keeps them in g slots of their own). 0 (default): none."""
+    memory_len: int | None = None
+    """n_m: ``compressive``'s memory, the layer inputs of the previous n_m positions a segment
+    attends to besides itself (default m = N/S); its compressed memory has n_m slots too."""
+    compression_rate: int | None = None
+    """c: ``compressive``'s compression, c evicted positions to a compressed slot (default 4);
+    it divides m and ``memory_len``."""
     sink_tokens: int = 0
     """k: attention sinks of ``sliding_window`` (and of a hybrid's sliding_window layers): every
     query at position q also sees positions 0 .. k - 1 (those <= q) besides its window, as in
@@ -266,7 +273,7 @@ class ModelConfig:
             raise ValueError(f"global_tokens={g} is set, but arch={self.arch!r} has no "
                              "longformer layer (global tokens are longformer's); leave "
                              "global_tokens at 0")
-        if self.tied_kv and all(architecture(a).recurrent for a in self.layer_archs):
+        if self.tied_kv and not any(architecture(a).has_keys for a in self.layer_archs):
             raise ValueError(f"tied_kv=True ties attention's keys and values; arch={self.arch!r} "
                              f"has no attention (a recurrent mixer in every layer); leave tied_kv "
                              "false")
@@ -360,7 +367,7 @@ class ModelConfig:
             self, arch=arch, layer_pattern=None, global_rope=None, rope_base_global=None,
             sink_tokens=self.sink_tokens if kind.takes_sink_tokens else 0,
             global_tokens=self.global_tokens if "global_tokens" in own else 0,
-            tied_kv=self.tied_kv and not kind.recurrent,
+            tied_kv=self.tied_kv and kind.has_keys,
             **{name: getattr(self, name) if name in kind.options else None
                for name in OPTIONS},
             **{name: None for name in OWN_SIZES if name not in own})
@@ -527,7 +534,8 @@ def _short(text: str, most: int = 60) -> str:
 
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
                                "conv_size", "chunk_size", "num_features", "feature_redraw",
-                               "stride", "summary_len", "dilation")
+                               "stride", "summary_len", "dilation", "memory_len",
+                               "compression_rate")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
 LAYER_LISTS: tuple[str, ...] = ("window", "dilation")

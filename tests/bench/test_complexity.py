@@ -106,6 +106,18 @@ def brute_force_entries(cfg: ModelConfig) -> list[float]:
     resolved = cfg.resolved()
     per_head = {"s2": lambda: s2_mask(resolved.group_len, cfg.n_heads),
                 "sparse_transformer": lambda: strided_mask(resolved.stride, cfg.n_heads)}
+    if cfg.arch == "compressive":  # Rae et al.: compressed slots, memory, the segment to q
+        m, n_m, c = resolved.segment_len, resolved.memory_len, resolved.compression_rate
+        memory: list[int] = []
+        slots = 0
+        count = 0
+        for a in range(0, cfg.seq_len, m):
+            segment = list(range(a, min(a + m, cfg.seq_len)))
+            count += sum(slots + len(memory) + i + 1 for i in range(len(segment)))
+            memory += segment
+            evicted, memory = memory[:max(0, len(memory) - n_m)], memory[-n_m:]
+            slots = min(n_m, slots + len(evicted) // c)
+        return [count] * cfg.n_layers
     if cfg.arch == "longformer":
         n, h = cfg.seq_len, cfg.n_heads
 
@@ -193,6 +205,9 @@ def test_tile_entries_small_cases() -> None:
         # ℓ = 4, 2 heads: blocks of 4 against 8 keys but the first (112) | 4 classes of 4² (64)
         "sparse_transformer": [(112 + 64) // 2] * 3,
         "longformer": [7 * 7 + 7 * 14 + 2 * 9] * 3,  # one window of 7, as sliding_window's
+        # m = n_m = 4, c = 4: segments of 4 rows against themselves, then the memory, then 1
+        # and 2 compressed slots
+        "compressive": [4 * 4 + 4 * 8 + 4 * 9 + 4 * 10] * 3,
         **{arch: [0] * 3 for arch in NO_ATTENTION},  # no attention
     }
     for cost in compare(base, ARCHS):

@@ -56,9 +56,9 @@ RING_CACHED = {
 }
 """Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
 LOCAL = [name for name, (_, overrides) in RING_CACHED.items()
-         if overrides is SMALL and name not in NO_ATTENTION]
+         if overrides is SMALL and name not in (*NO_ATTENTION, "compressive")]
 """The local attention ones without sinks: they also run a window at any offset (sinks start at
-0)."""
+0, and so do the compressive transformer's segments)."""
 
 
 def ring_model(name: str, **overrides):
@@ -235,6 +235,20 @@ def test_a_long_chunk_into_filled_caches_allocates_what_a_fresh_forward_does(nam
     assert largest_created(model, chunk, filled(), fill) == fresh
     with skeleton.dense_cached_chunks():  # the property could fail
         assert largest_created(model, chunk, filled(), fill) >= chunk_len ** 2
+
+
+def test_a_long_chunk_into_the_compressive_state_stays_linear():
+    """The compressive transformer, whose stream starts at 0: a chunk of C = 64N into a filled
+    state creates nothing larger than the chunk's (C, 4d) feed-forward."""
+    model = ring_model("compressive")
+    n = SMALL["seq_len"]
+    chunk_len, fill = 64 * n, 3 * n + 1
+    tokens = random_tokens(1, fill + chunk_len, seed=1)
+    caches = model.make_caches(1)
+    with torch.no_grad():
+        model.prefill(tokens[:, :fill], caches)
+    largest = largest_created(model, tokens[:, fill:], caches, fill)
+    assert largest == chunk_len * 4 * model.cfg.d_model
 
 
 def test_prepend_reads_the_ring_in_position_order():

@@ -49,7 +49,7 @@ SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "wi
               "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
               "conv_size": "conv", "chunk_size": "chunk", "num_features": "M",
               "feature_redraw": "redraw", "stride": "ℓ", "summary_len": "c", "dilation": "d",
-              "global_tokens": "g"}
+              "global_tokens": "g", "memory_len": "n_m", "compression_rate": "c_r"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -105,6 +105,10 @@ class AttentionCost:
     """d, longformer's dilation (one, or a comma list per layer; else None)."""
     global_tokens: int | None = None
     """g, longformer's global tokens (else None)."""
+    memory_len: int | None = None
+    """n_m, the compressive transformer's memory (else None)."""
+    compression_rate: int | None = None
+    """Its compression rate (else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the

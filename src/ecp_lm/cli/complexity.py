@@ -32,6 +32,8 @@ SIZE_OVERRIDES = {
     "summary_len": "c: the fixed sparse pattern's summary positions per block",
     "dilation": "d: longformer's dilation on half of its heads (default 1)",
     "global_tokens": "g: longformer's global tokens, counted in its cost (default 0)",
+    "memory_len": "n_m: compressive's memory and compressed slots (default m)",
+    "compression_rate": "compressive's positions per compressed slot (default 4)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

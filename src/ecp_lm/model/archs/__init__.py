@@ -10,6 +10,7 @@ from __future__ import annotations
 from ecp_lm.model.archs.base import Architecture
 from ecp_lm.model.archs.block_local import BlockLocal
 from ecp_lm.model.archs.compressed_double import CompressedDouble
+from ecp_lm.model.archs.compressive import Compressive
 from ecp_lm.model.archs.double import Double, SSplit
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
@@ -48,6 +49,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "xlstm": XLSTM,  # a stack of mlstm and slstm layers
     "sparse_transformer": SparseTransformer,
     "longformer": Longformer,
+    "compressive": Compressive,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

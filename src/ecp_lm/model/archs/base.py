@@ -40,6 +40,8 @@ class ArchConfig(Protocol):
     window: int | str | None
     dilation: int | str | None
     global_tokens: int
+    memory_len: int | None
+    compression_rate: int | None
     block_len: int | None
     group_len: int | None
     sink_tokens: int
@@ -119,6 +121,9 @@ class Architecture:
     recurrent: ClassVar[bool] = False
     """Whether a recurrent mixer replaces attention in this pattern's layers (``mixer``;
     recurrent.py)."""
+    has_keys: ClassVar[bool] = True
+    """Whether the pattern's layers attend with keys and values (``tied_kv`` ties them): all
+    but the recurrent mixers'."""
     takes_sink_tokens: ClassVar[bool] = False
     """Whether the pattern takes ``sink_tokens`` (sliding_window): refused for a model none of
     whose layers does, and set to 0 in the config of a hybrid's other layers."""

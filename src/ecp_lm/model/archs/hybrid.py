@@ -16,7 +16,8 @@ What the model as a whole accepts follows from its layers:
 - with local layers only, any length, from any position where every layer's pattern starts
   (a multiple of each period); decoding runs without end on the rings, and uncached generation
   reads the receptive field the layers compose, from the top layer down;
-- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm) and no global
+- with recurrent layers (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm, slstm, performer, or
+  compressive, whose state is its memories) and no global
   one, any length from any position the other layers allow; decoding keeps each recurrent layer's
   state beside the other layers' rings, and uncached generation reads the whole sequence (the state
   depends on every position); RoPE rotates the attention layers only;
@@ -32,6 +33,7 @@ from torch import nn
 
 from ecp_lm.model.archs.base import ArchConfig, Architecture, BandArchitecture
 from ecp_lm.model.archs.block_local import BlockLocal
+from ecp_lm.model.archs.compressive import Compressive
 from ecp_lm.model.archs.ecp import ECP
 from ecp_lm.model.archs.gated_deltanet import GatedDeltaNet
 from ecp_lm.model.archs.longformer import Longformer
@@ -62,6 +64,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "performer": Performer,
     "sparse_transformer": SparseTransformer,
     "longformer": Longformer,
+    "compressive": Compressive,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:

@@ -93,6 +93,9 @@ class Recurrent(Architecture):
     mask = CausalMask()
     kernels = KERNELS
     recurrent: ClassVar[bool] = True
+    has_keys: ClassVar[bool] = False
+    kind: ClassVar[str] = "a recurrent mixer"
+    """What the layer is, in messages."""
     default_chunk: ClassVar[int] = 64
     """``chunk_size`` when the config leaves it unset."""
 
@@ -106,7 +109,7 @@ class Recurrent(Architecture):
     def check(cls, cfg: ArchConfig) -> None:
         choices = ("auto", "reference", *cls.kernels)
         if cfg.attn_impl not in choices:
-            raise ValueError(f"arch={cfg.arch!r} is a recurrent mixer, which has no "
+            raise ValueError(f"arch={cfg.arch!r} is {cls.kind}, which has no "
                              f"attn_impl={cfg.attn_impl!r} kernel; its kernels: "
                              f"{', '.join(choices)} (reference: the token-by-token recurrence)")
         if cfg.chunk_size is not None and cfg.chunk_size > cfg.seq_len:  # (sLSTM has none)
