@@ -64,7 +64,7 @@ NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e
 
 TRAIN_ARCHS = ("ecp", "sliding_window", "transformer")
 MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-               "performer")
+               "performer", "compressive")
 LOCAL = ("ecp", "sliding_window")
 
 
@@ -134,7 +134,7 @@ def decode_section(device: torch.device, size: dict[str, Any], quick: bool) -> d
                             rounds=rounds)
 
 
-KERNEL_ARCHS = ("ecp", "sliding_window", "block_local", "s2")
+KERNEL_ARCHS = ("ecp", "sliding_window", "block_local", "s2", "longformer", "sparse_transformer")
 
 
 def kernels_section(device: torch.device, size: dict[str, Any], left: Callable[[], float]
@@ -164,7 +164,7 @@ def _kernel_cases(name: str, seq_len: int, spec: BenchSpec, device: torch.device
     from ecp_lm.model.rows import Rows
 
     cfg = model_config(name, seq_len, spec).resolved()
-    arch, rows = architecture(name)(cfg), Rows.span(0, seq_len)
+    arch, rows = architecture(name)(cfg).layer(0), Rows.span(0, seq_len)  # layer 0's pattern
     backward = device.type == "cuda"  # FlexAttention's backward runs on CUDA only
     q, k, v = (torch.randn(1, cfg.n_heads, seq_len, cfg.head_dim, device=device, dtype=dtype,
                            requires_grad=backward) for _ in range(3))

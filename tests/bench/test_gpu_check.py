@@ -73,11 +73,13 @@ def test_measurements_run_on_the_cpu(tmp_path):
     kernels = report["kernels"]
     timed = {(c["arch"], c["kernel"]) for c in kernels["cases"] if "ms" in c}
     assert {("ecp", "flex"), ("ecp", "flash"), ("ecp", "mask"), ("s2", "flex")} <= timed
-    for arch in ("ecp", "sliding_window", "block_local", "s2"):
+    for arch in ("ecp", "sliding_window", "block_local", "s2", "longformer",
+                 "sparse_transformer"):
         choice = kernels["fastest"][arch]["256"]
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
     mixers = report["mixers"]
-    archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm", "performer")
+    archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm", "performer",
+             "compressive")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
     skipped = {c["arch"]: c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}

@@ -160,6 +160,18 @@ class CompressiveAttention(RecurrentMixer):
             cache.advance(x.size(1))
         return y[:, y.size(1) - n_query:]
 
+    def mix(self, x: Tensor, state: dict[str, Tensor] | None, kernel: str
+            ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``mix_at`` of a stream's first rows (from position 0, no state)."""
+        if state is not None:
+            raise ValueError("a compressive layer's state stands at a position: continue it "
+                             "with forward or mix_at")
+        return self.mix_at(x, 0, None, kernel)
+
+    def mix_chunked(self, x: Tensor, state: dict[str, Tensor] | None
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.mix(x, state, "chunked")  # every segment at once: linear already
+
     def mix_at(self, x: Tensor, start: int, state: dict[str, Tensor] | None, kernel: str,
                rotation: Rotation | None = None) -> tuple[Tensor, dict[str, Tensor]]:
         """Rows x (B, T, d) at positions start .. start + T − 1, after the positions ``state``
