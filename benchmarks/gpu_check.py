@@ -64,7 +64,7 @@ NOMINAL_BF16 = {"H200": 989.4e12, "H100": 989.4e12, "A100": 312e12, "L40S": 362e
 
 TRAIN_ARCHS = ("ecp", "sliding_window", "transformer")
 MIXER_ARCHS = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
-               "performer", "compressive")
+               "performer", "compressive", "routing")
 LOCAL = ("ecp", "sliding_window")
 
 

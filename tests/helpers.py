@@ -13,7 +13,7 @@ PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
 RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
              "performer")  # SPEC §3d: a state carried from token to token, no softmax attention
 NO_ATTENTION = (*RECURRENT, "xlstm")  # xlstm: a stack of mlstm and slstm layers
-UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", "longformer", "compressive",
+UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", "longformer", "compressive", "routing",
              *NO_ATTENTION)
 
 # N = 32, l = 16 (h = 16), S = 4: ECP m = 8, s-Split history segments of 4, compressed p = 8;
@@ -222,3 +222,11 @@ def assert_kernel_is_reference(fast_cfg, ref_cfg, tokens):
     for (name, a), b in zip(fast.named_parameters(), ref.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-10, rtol=1e-8, msg=name)
     return fast
+
+
+def assert_cached_generation_is_uncached(model, prompt, steps: int) -> None:
+    """Greedy generation of ``steps`` tokens from the caches equals the one that recomputes."""
+    from ecp_lm.generation import generate
+
+    assert torch.equal(generate(model, prompt, steps),
+                       generate(model, prompt, steps, use_cache=False))

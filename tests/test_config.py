@@ -225,7 +225,8 @@ def test_a_saved_block_local_window_is_read_as_its_block_len():
     assert torch.equal(a(tokens), b(tokens))
 
 
-@pytest.mark.parametrize(("name", "owners"), [("window", ("sliding_window", "longformer")),
+@pytest.mark.parametrize(("name", "owners"), [("window", ("sliding_window", "longformer",
+                                                         "routing")),
                                               ("block_len", ("block_local",)),
                                               ("group_len", ("s2",))])
 def test_each_size_is_refused_where_the_pattern_has_none(name, owners):

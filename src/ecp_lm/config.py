@@ -33,7 +33,7 @@ ARCHS: tuple[str, ...] = ("transformer", "perceiver_ar", "double", "compressed_d
                           "ecp", "sliding_window", "block_local", "s2", "mamba2",
                           "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
                           "performer", "xlstm", "sparse_transformer", "longformer",
-                          "compressive")
+                          "compressive", "routing")
 """The architectures' names, readable without torch; each is one class in ``model/archs/``,
 looked up in its ``REGISTRY`` (which holds these, and any architecture registered there)."""
 
@@ -65,8 +65,8 @@ class ModelConfig:
     ``ecp``, the local baselines ``sliding_window``, ``block_local``, ``s2``, the recurrent
     mixers ``mamba2``, ``gated_deltanet``, ``rwkv7``, ``rwkv4``, ``mamba``, xLSTM's ``mlstm`` and
     ``slstm`` and their stack ``xlstm``, the ``performer`` (FAVOR+), the
-    ``sparse_transformer``, ``longformer``, ``compressive``; or ``hybrid``, whose layers follow
-    ``layer_pattern``."""
+    ``sparse_transformer``, ``longformer``, ``compressive``, ``routing``; or ``hybrid``, whose
+    layers follow ``layer_pattern``."""
     vocab_size: int = 256
     """Number of token ids (256 for raw bytes)."""
     d_model: int = 64
@@ -90,7 +90,8 @@ class ModelConfig:
     """w: the window of ``sliding_window`` and ``longformer``: each query sees itself and w - 1
     earlier positions (default: the same unmasked score entries as ``ecp`` at this N and S, from
     ECP's m = N/S; about 3m/2). For ``longformer`` also a comma list, one width per layer
-    (``'32,64,128,256'``)."""
+    (``'32,64,128,256'``). ``routing``'s: its local heads' window and the keys of its cluster
+    a routed query sees at most (default ⌈N/k⌉)."""
     block_len: int | None = None
     """b: ``block_local``'s block, causal attention within blocks of b positions aligned to 0
     (default 2m = 2·N/S from ECP's m, ECP's one-layer reach). Configs saved by an earlier
@@ -107,6 +108,8 @@ class ModelConfig:
     memory_len: int | None = None
     """n_m: ``compressive``'s memory, the layer inputs of the previous n_m positions a segment
     attends to besides itself (default m = N/S); its compressed memory has n_m slots too."""
+    num_clusters: int | None = None
+    """k: ``routing``'s centroids per routed head (default ⌈√N⌉, the paper's)."""
     compression_rate: int | None = None
     """c: ``compressive``'s compression, c evicted positions to a compressed slot (default 4);
     it divides m and ``memory_len``."""
@@ -535,7 +538,7 @@ def _short(text: str, most: int = 60) -> str:
 OWN_SIZES: tuple[str, ...] = ("window", "block_len", "group_len", "mixer_width", "state_size",
                                "conv_size", "chunk_size", "num_features", "feature_redraw",
                                "stride", "summary_len", "dilation", "memory_len",
-                               "compression_rate")
+                               "compression_rate", "num_clusters")
 """The sizes that belong to one pattern each: refused for an architecture whose
 ``size_fields`` do not hold them."""
 LAYER_LISTS: tuple[str, ...] = ("window", "dilation")

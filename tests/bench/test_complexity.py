@@ -106,6 +106,10 @@ def brute_force_entries(cfg: ModelConfig) -> list[float]:
     resolved = cfg.resolved()
     per_head = {"s2": lambda: s2_mask(resolved.group_len, cfg.n_heads),
                 "sparse_transformer": lambda: strided_mask(resolved.stride, cfg.n_heads)}
+    if cfg.arch == "routing":  # at most the last w keys, of its window or of its cluster
+        w = resolved.window
+        return [sum(q - w < kv <= q for q in range(cfg.seq_len) for kv in range(cfg.seq_len))
+                ] * cfg.n_layers
     if cfg.arch == "compressive":  # Rae et al.: compressed slots, memory, the segment to q
         m, n_m, c = resolved.segment_len, resolved.memory_len, resolved.compression_rate
         memory: list[int] = []
@@ -208,6 +212,8 @@ def test_tile_entries_small_cases() -> None:
         # m = n_m = 4, c = 4: segments of 4 rows against themselves, then the memory, then 1
         # and 2 compressed slots
         "compressive": [4 * 4 + 4 * 8 + 4 * 9 + 4 * 10] * 3,
+        # k = 4 centroids, w = 4: blocks of 4 rows against their previous block and themselves
+        "routing": [4 * 4 + 3 * 4 * 8] * 3,
         **{arch: [0] * 3 for arch in NO_ATTENTION},  # no attention
     }
     for cost in compare(base, ARCHS):

@@ -79,7 +79,7 @@ def test_measurements_run_on_the_cpu(tmp_path):
         assert (arch, choice["fastest"]) in timed and choice["auto_picks"]
     mixers = report["mixers"]
     archs = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm", "performer",
-             "compressive")
+             "compressive", "routing")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
     skipped = {c["arch"]: c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}

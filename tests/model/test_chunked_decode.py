@@ -56,9 +56,9 @@ RING_CACHED = {
 }
 """Every architecture that decodes from per-layer caches, and hybrids: (arch, overrides)."""
 LOCAL = [name for name, (_, overrides) in RING_CACHED.items()
-         if overrides is SMALL and name not in (*NO_ATTENTION, "compressive")]
+         if overrides is SMALL and name not in (*NO_ATTENTION, "compressive", "routing")]
 """The local attention ones without sinks: they also run a window at any offset (sinks start at
-0, and so do the compressive transformer's segments)."""
+0, and so do the compressive transformer's segments and the routing transformer's rings)."""
 
 
 def ring_model(name: str, **overrides):
@@ -237,10 +237,11 @@ def test_a_long_chunk_into_filled_caches_allocates_what_a_fresh_forward_does(nam
         assert largest_created(model, chunk, filled(), fill) >= chunk_len ** 2
 
 
-def test_a_long_chunk_into_the_compressive_state_stays_linear():
-    """The compressive transformer, whose stream starts at 0: a chunk of C = 64N into a filled
-    state creates nothing larger than the chunk's (C, 4d) feed-forward."""
-    model = ring_model("compressive")
+@pytest.mark.parametrize("name", ["compressive", "routing"])
+def test_a_long_chunk_into_a_filled_state_stays_linear(name):
+    """The compressive and routing transformers, whose streams start at 0: a chunk of C = 64N
+    into a filled state creates nothing larger than the chunk's (C, 4d) feed-forward."""
+    model = ring_model(name)
     n = SMALL["seq_len"]
     chunk_len, fill = 64 * n, 3 * n + 1
     tokens = random_tokens(1, fill + chunk_len, seed=1)

@@ -12,9 +12,8 @@ import pytest
 import torch
 
 from ecp_lm import ModelConfig, build_model
-from ecp_lm.generation import generate
 from ecp_lm.model.rows import Rows
-from helpers import assert_kernel_is_reference, random_tokens
+from helpers import assert_cached_generation_is_uncached, assert_kernel_is_reference, random_tokens
 
 
 def config(**overrides) -> ModelConfig:
@@ -119,7 +118,7 @@ def test_the_kernel_is_the_reference_and_decoding_is_one_forward(sizes):
                                       config(attn_impl="reference", **sizes), tokens)
     fast.eval()
     prompt = tokens[:, :5]
-    assert torch.equal(generate(fast, prompt, 60), generate(fast, prompt, 60, use_cache=False))
+    assert_cached_generation_is_uncached(fast, prompt, 60)
 
 
 @pytest.mark.parametrize("pattern", ["compressive,ecp", "transformer,compressive"])
@@ -127,8 +126,7 @@ def test_a_hybrid_layer_decodes_as_its_forward(pattern):
     model = build_model(config(arch="hybrid", layer_pattern=pattern, seq_len=32)).double().eval()
     prompt = random_tokens(1, 6, vocab=50)
     steps = 20 if "transformer" in pattern else 60  # a global layer: within its window
-    assert torch.equal(generate(model, prompt, steps), generate(model, prompt, steps,
-                                                                use_cache=False))
+    assert_cached_generation_is_uncached(model, prompt, steps)
 
 
 def test_the_state_is_bounded():

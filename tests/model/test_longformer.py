@@ -9,9 +9,8 @@ import pytest
 import torch
 
 from ecp_lm import ModelConfig, build_model
-from ecp_lm.generation import generate
 from ecp_lm.model.rows import Rows
-from helpers import assert_kernel_is_reference, random_tokens
+from helpers import assert_cached_generation_is_uncached, assert_kernel_is_reference, random_tokens
 
 
 def config(**overrides) -> ModelConfig:
@@ -73,8 +72,7 @@ def test_the_kernel_is_the_reference_and_decoding_is_one_forward(sizes):
                                       config(attn_impl="reference", **sizes), tokens)
     fast.eval()
     prompt = tokens[:1, :7]
-    cached = generate(fast, prompt, 70)  # past 3N = 72 positions
-    assert torch.equal(cached, generate(fast, prompt, 70, use_cache=False))
+    assert_cached_generation_is_uncached(fast, prompt, 70)  # past 3N = 72 positions
 
 
 @pytest.mark.parametrize("pattern", ["longformer,ecp", "transformer,longformer"])
@@ -84,8 +82,7 @@ def test_a_hybrid_layer_decodes_as_its_forward(pattern):
     model = build_model(cfg).double().eval()
     prompt = random_tokens(1, 6, vocab=50)
     steps = 19 if "transformer" in pattern else 70  # a global layer: within its window
-    assert torch.equal(generate(model, prompt, steps), generate(model, prompt, steps,
-                                                                use_cache=False))
+    assert_cached_generation_is_uncached(model, prompt, steps)
 
 
 def test_each_layer_keeps_its_own_ring():

@@ -49,7 +49,8 @@ SIZE_NAMES = {"latent_len": "l", "num_segments": "S", "compressed_len": "p", "wi
               "block_len": "b", "group_len": "G", "mixer_width": "W", "state_size": "d_state",
               "conv_size": "conv", "chunk_size": "chunk", "num_features": "M",
               "feature_redraw": "redraw", "stride": "ℓ", "summary_len": "c", "dilation": "d",
-              "global_tokens": "g", "memory_len": "n_m", "compression_rate": "c_r"}
+              "global_tokens": "g", "memory_len": "n_m", "compression_rate": "c_r",
+              "num_clusters": "k"}
 """The size fields a cost reports (where the architecture's ``size_fields`` hold them; a
 hybrid's: those of every kind of layer it has), and their symbols in the table."""
 
@@ -109,6 +110,8 @@ class AttentionCost:
     """n_m, the compressive transformer's memory (else None)."""
     compression_rate: int | None = None
     """Its compression rate (else None)."""
+    num_clusters: int | None = None
+    """k, the routing transformer's centroids per routed head (else None)."""
     sink_tokens: int = 0
     """k, sliding_window's attention sinks (its layers' in a hybrid): counted in the entries,
     and in the tiles as one more key block of k columns for every block of w queries after the

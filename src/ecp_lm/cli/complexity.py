@@ -34,6 +34,7 @@ SIZE_OVERRIDES = {
     "global_tokens": "g: longformer's global tokens, counted in its cost (default 0)",
     "memory_len": "n_m: compressive's memory and compressed slots (default m)",
     "compression_rate": "compressive's positions per compressed slot (default 4)",
+    "num_clusters": "k: routing's centroids per routed head (default ⌈√N⌉)",
     "d_model": "width of the residual stream",
     "n_layers": "number of decoder blocks L",
     "n_heads": "attention heads per block",

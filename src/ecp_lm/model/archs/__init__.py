@@ -20,6 +20,7 @@ from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.perceiver_ar import PerceiverAR
 from ecp_lm.model.archs.performer import Performer
+from ecp_lm.model.archs.routing import Routing
 from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
@@ -50,6 +51,7 @@ REGISTRY: dict[str, type[Architecture]] = {
     "sparse_transformer": SparseTransformer,
     "longformer": Longformer,
     "compressive": Compressive,
+    "routing": Routing,
     "hybrid": Hybrid,  # layers of the others, as ``layer_pattern`` says
 }
 

@@ -41,6 +41,7 @@ class ArchConfig(Protocol):
     dilation: int | str | None
     global_tokens: int
     memory_len: int | None
+    num_clusters: int | None
     compression_rate: int | None
     block_len: int | None
     group_len: int | None

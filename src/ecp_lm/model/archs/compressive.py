@@ -36,10 +36,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ecp_lm.model.archs.base import ArchConfig, Architecture
-from ecp_lm.model.archs.recurrent import Recurrent, RecurrentMixer
+from ecp_lm.model.archs.recurrent import PositionedMixer, Recurrent
 from ecp_lm.model.cache import StateCache
 from ecp_lm.model.rope import RotaryEmbedding, Rotation, rotate
-from ecp_lm.model.rows import Rows
 
 
 @dataclass(frozen=True)
@@ -124,7 +123,7 @@ class Compressive(Recurrent):
         return float(2 * self.cfg.d_model)  # the means of keys and values; attention: entries
 
 
-class CompressiveAttention(RecurrentMixer):
+class CompressiveAttention(PositionedMixer):
     def __init__(self, cfg: ArchConfig, arch: Compressive, layer: int):
         super().__init__(cfg, arch)
         c = arch.cfg
@@ -149,28 +148,6 @@ class CompressiveAttention(RecurrentMixer):
         h, k = self.heads, self.head_dim
         return {"k": (h, self.ring, k), "v": (h, self.ring, k), "ck": (h, self.mem, k),
                 "cv": (h, self.mem, k)}
-
-    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: StateCache | None = None,
-                context: object = None, rotation: Rotation | None = None) -> Tensor:
-        state = self.read_state(cache) if cache is not None and cache.filled else None
-        y, new = self.mix_at(x, rows.main.start, state, self.kernel(x), rotation)
-        if cache is not None:
-            for name, value in new.items():
-                cache.write(name, value)
-            cache.advance(x.size(1))
-        return y[:, y.size(1) - n_query:]
-
-    def mix(self, x: Tensor, state: dict[str, Tensor] | None, kernel: str
-            ) -> tuple[Tensor, dict[str, Tensor]]:
-        """``mix_at`` of a stream's first rows (from position 0, no state)."""
-        if state is not None:
-            raise ValueError("a compressive layer's state stands at a position: continue it "
-                             "with forward or mix_at")
-        return self.mix_at(x, 0, None, kernel)
-
-    def mix_chunked(self, x: Tensor, state: dict[str, Tensor] | None
-                    ) -> tuple[Tensor, dict[str, Tensor]]:
-        return self.mix(x, state, "chunked")  # every segment at once: linear already
 
     def mix_at(self, x: Tensor, start: int, state: dict[str, Tensor] | None, kernel: str,
                rotation: Rotation | None = None) -> tuple[Tensor, dict[str, Tensor]]:

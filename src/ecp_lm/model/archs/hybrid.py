@@ -40,6 +40,7 @@ from ecp_lm.model.archs.longformer import Longformer
 from ecp_lm.model.archs.mamba import Mamba
 from ecp_lm.model.archs.mamba2 import Mamba2
 from ecp_lm.model.archs.performer import Performer
+from ecp_lm.model.archs.routing import Routing
 from ecp_lm.model.archs.rwkv4 import RWKV4
 from ecp_lm.model.archs.rwkv7 import RWKV7
 from ecp_lm.model.archs.s2 import ShiftedSparse
@@ -65,6 +66,7 @@ LAYERS: dict[str, type[Architecture]] = {
     "sparse_transformer": SparseTransformer,
     "longformer": Longformer,
     "compressive": Compressive,
+    "routing": Routing,
 }
 """The architectures a hybrid's layer may be: every one of their layers keeps all rows and
 predicts every position, so any of them can follow any other (a recurrent mixer's layer too:

@@ -286,6 +286,38 @@ class RecurrentMixer(nn.Module):
         return {name: cache.read(name) for name in self.state_shapes()}
 
 
+class PositionedMixer(RecurrentMixer):
+    """A mixer whose state stands at a position of the stream (the compressive transformer's
+    segments, the routing transformer's rings, RoPE on its keys): ``mix_at(x, start, state,
+    kernel, rotation)`` runs rows from position ``start``; a stream starts at position 0. Its
+    chunked form is linear in the rows already, so it runs them at once, not in groups."""
+
+    def mix_at(self, x: Tensor, start: int, state: dict[str, Tensor] | None, kernel: str,
+               rotation: Any = None) -> tuple[Tensor, dict[str, Tensor]]:
+        raise NotImplementedError
+
+    def forward(self, x: Tensor, rows: Rows, n_query: int, cache: StateCache | None = None,
+                context: object = None, rotation: Any = None) -> Tensor:
+        state = self.read_state(cache) if cache is not None and cache.filled else None
+        y, new = self.mix_at(x, rows.main.start, state, self.kernel(x), rotation)
+        if cache is not None:
+            _write(cache, new)
+            cache.advance(x.size(1))
+        return y[:, y.size(1) - n_query:]
+
+    def mix(self, x: Tensor, state: dict[str, Tensor] | None, kernel: str
+            ) -> tuple[Tensor, dict[str, Tensor]]:
+        """``mix_at`` of a stream's first rows (from position 0, no state)."""
+        if state is not None:
+            raise ValueError(f"{type(self).__name__}'s state stands at a position: continue "
+                             "it with forward or mix_at")
+        return self.mix_at(x, 0, None, kernel)
+
+    def mix_chunked(self, x: Tensor, state: dict[str, Tensor] | None
+                    ) -> tuple[Tensor, dict[str, Tensor]]:
+        return self.mix(x, state, "chunked")
+
+
 def _recomputed(mixer: RecurrentMixer, rows: Tensor, state: dict[str, Tensor] | None
                 ) -> tuple[Tensor, dict[str, Tensor]]:
     """``mixer.mix(rows, state, "chunked")``, keeping for backward only ``rows`` and ``state``

@@ -42,6 +42,13 @@ def window_entries(n: int, w: int) -> int:
     return triangle(n) if w >= n else triangle(w) + (n - w) * w
 
 
+def one_window(cfg: ArchConfig) -> None:
+    """ValueError where ``window`` is a list per layer (longformer's alone)."""
+    if isinstance(cfg.window, str):
+        raise ValueError(f"window={cfg.window!r}: a width per layer is longformer's; "
+                         f"arch={cfg.arch!r} takes one window")
+
+
 def sink_entries(n: int, w: int, k: int) -> int:
     """Entries the sinks add over ``n`` queries: query q >= w sees min(k, q - w + 1) sinks
     outside its window (the others lie within it)."""
@@ -94,9 +101,7 @@ class SlidingWindow(SizedBand):
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
-        if isinstance(cfg.window, str):
-            raise ValueError(f"window={cfg.window!r}: a width per layer is longformer's; "
-                             f"arch={cfg.arch!r} takes one window")
+        one_window(cfg)
         super().check(cfg)
         if cfg.sink_tokens >= cfg.window:
             raise ValueError(f"sink_tokens={cfg.sink_tokens} is not below window={cfg.window}: "
