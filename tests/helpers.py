@@ -13,8 +13,8 @@ PERCEIVER_FAMILY = ("perceiver_ar", "double", "compressed_double", "ssplit")
 RECURRENT = ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "mamba", "mlstm", "slstm",
              "performer")  # SPEC §3d: a state carried from token to token, no softmax attention
 NO_ATTENTION = (*RECURRENT, "xlstm")  # xlstm: a stack of mlstm and slstm layers
-UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", "longformer", "compressive", "routing",
-             *NO_ATTENTION)
+UNBOUNDED = ("ecp", "sliding_window", "block_local", "s2", *NO_ATTENTION, "longformer",
+             "compressive", "routing")  # in ARCHS' order
 
 # N = 32, l = 16 (h = 16), S = 4: ECP m = 8, s-Split history segments of 4, compressed p = 8;
 # sliding_window w = 13 (ECP's cost), block_local b = 16, s2 groups of 8.

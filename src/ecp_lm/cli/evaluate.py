@@ -13,7 +13,8 @@ REPORT = ("tokens_scored", "nll_sum", "loss", "ppl_token", "bits_per_byte", "ppl
 
 
 UNBOUNDED = ("ecp, sliding_window, block_local, s2, mamba2, gated_deltanet, rwkv7, rwkv4, "
-             "mamba, mlstm, slstm, performer, xlstm, and hybrids of them")
+             "mamba, mlstm, slstm, performer, xlstm, longformer, compressive, routing, "
+             "and hybrids of them")
 """The architectures that take inputs of any length, as the help names them (a test holds it
 to the registry's, ``evaluate.scoring.unbounded_text``; the help is built without torch)."""
 
