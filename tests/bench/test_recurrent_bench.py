@@ -19,6 +19,9 @@ SCRIPT = ROOT / "benchmarks" / "state_decode.py"
 PAGE = ROOT / "docs" / "performance.md"
 RESULTS = ROOT / "benchmarks" / "results"
 TRAIN = RESULTS / "bench_recurrent_cpu.json"
+RIVALS = RESULTS / "bench_rivals_cpu.json"
+RIVAL_ARCHS = ("ecp", "rwkv4", "mamba", "mlstm", "slstm", "xlstm", "performer",
+               "sparse_transformer", "longformer", "compressive", "routing")
 GROUPS = ROOT / "benchmarks" / "mixer_groups.py"
 
 
@@ -70,19 +73,25 @@ def train_rows(path: Path) -> list[str]:
     return lines
 
 
-def test_the_page_quotes_the_recorded_training_table():
+@pytest.mark.parametrize("path", [TRAIN, RIVALS], ids=lambda p: p.stem)
+def test_the_page_quotes_the_recorded_training_table(path):
     page = PAGE.read_text()
-    for line in train_rows(TRAIN):
+    for line in train_rows(path):
         assert line in page, line
 
 
-def test_the_training_run_is_the_one_the_page_describes():
-    """One thread, glibc's allocator as it comes, the four architectures at 1k, 4k and 16k."""
-    report = json.loads(TRAIN.read_text())
+@pytest.mark.parametrize("path, archs", [(TRAIN, ("ecp", "mamba2", "gated_deltanet", "rwkv7")),
+                                         (RIVALS, RIVAL_ARCHS)], ids=["recurrent", "rivals"])
+def test_the_training_run_is_the_one_the_page_describes(path, archs):
+    """One thread, glibc's allocator as it comes, the architectures at 1k, 4k and 16k; the
+    page gives the command that wrote it."""
+    report = json.loads(path.read_text())
     assert report["meta"]["threads"] == 1 and report["meta"]["malloc_env"] == {}
     assert {(r["arch"], r["seq_len"]) for r in report["train"]} == {
-        (a, n) for a in ("ecp", "mamba2", "gated_deltanet", "rwkv7")
-        for n in (1024, 4096, 16384)}
+        (a, n) for a in archs for n in (1024, 4096, 16384)}
+    command = (f"`ecp bench --archs {','.join(archs)} --seq-lens 1024,4096,16384 --threads 1 "
+               f"--json benchmarks/results/{path.name}`")
+    assert command in PAGE.read_text()
 
 
 @pytest.fixture(scope="module")
