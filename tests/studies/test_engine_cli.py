@@ -41,7 +41,8 @@ def test_bad_options_exit_2(argv, names, tmp_path, capsys):
 
 
 @pytest.mark.parametrize(("study", "budget", "message"), [
-    ("evidence5", "tiny", "unknown study 'evidence5': studies are evidence4, or a .py file"),
+    ("evidence9", "tiny", "unknown study 'evidence9': studies are evidence4, evidence5, or a "
+                          ".py file"),
     ("evidence4", "huge", "study evidence4 has no budget 'huge'; budgets: tiny, small, full"),
     ("missing.py", "tiny", "missing.py does not exist"),
     ("empty.py", "tiny", "empty.py defines no STUDY"),

@@ -5,6 +5,8 @@ there is (the report states the difference)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from ecp_lm.model.matching import parameter_count
@@ -38,3 +40,12 @@ def test_a_width_that_cannot_match_is_the_smallest_one():
             if abs(parameter_count(cfg) / ecp - 1) > 0.02:
                 assert parameter_count(cfg) > ecp and cfg.mixer_width == cfg.n_heads, \
                     (stage.name, depth, name)
+
+
+def test_the_engine_and_its_specs_stay_within_their_line_budget():
+    """One study engine: its modules and every live spec in at most 2,500 lines, and the model
+    module in at most 450."""
+    src = Path(__file__).resolve().parents[2] / "src" / "ecp_lm"
+    files = [*(src / "studies").glob("*.py"), *(src / "studies" / "specs").glob("*.py")]
+    assert sum(len(f.read_text().splitlines()) for f in files) <= 2500
+    assert len((src / "model" / "model.py").read_text().splitlines()) <= 450

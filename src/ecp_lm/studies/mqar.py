@@ -44,6 +44,12 @@ class MQARSpec:
     num_keys: int = 16
     num_values: int = 16
     num_filler: int = 16
+    distances: tuple[int, ...] = ()
+    """If given, each query's distance is one of these, drawn uniformly (``d_min`` and
+    ``d_max`` then unused), and every query is scored in its distance's bucket."""
+    query_start: int = 0
+    """The first position a query may take (so a model that predicts only the window's last
+    positions, as PerceiverAR does, sees every query)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "num_pairs", "num_keys", "num_values", "num_filler"):
@@ -54,6 +60,11 @@ class MQARSpec:
                              f"{self.num_pairs} <= num_keys={self.num_keys}")
         if not 2 <= self.d_min <= self.d_max <= self.seq_len - 2:
             raise ValueError(f"need 2 <= d_min={self.d_min} <= d_max={self.d_max} <= "
+                             f"seq_len-2={self.seq_len - 2}")
+        d = (2, *self.distances)
+        if min(d) < 2 or self.query_start < 0 or max(*d, self.query_start) > self.seq_len - 2:
+            raise ValueError(f"distances={self.distances} must be at least 2 and "
+                             f"query_start={self.query_start} at least 0, each at most "
                              f"seq_len-2={self.seq_len - 2}")
         used = 4 * self.num_queries + 2 * (self.num_pairs - self.num_queries)
         if 2 * used > self.seq_len:
@@ -137,6 +148,13 @@ def mqar_batch(spec: MQARSpec, batch_size: int, generator: torch.Generator) -> M
 
     def query_draw(count: int, gen: torch.Generator) -> Tensor:
         """(count, 4): key, value, query, answer positions."""
+        if spec.distances:
+            d = torch.tensor(spec.distances)[torch.randint(len(spec.distances), (count,),
+                                                           generator=gen)]
+            # The query lies in [max(query_start, d), n - 2], its key d before it.
+            first = d.clamp(min=spec.query_start)
+            query = first + (torch.rand(count, generator=gen) * (n - 1 - first)).long()
+            return torch.stack([query - d, query - d + 1, query, query + 1], 1)
         d = torch.randint(spec.d_min, spec.d_max + 1, (count,), generator=gen)
         # The answer at key + d + 1 must fit: key <= n - 2 - d.
         key = (torch.rand(count, generator=gen) * (n - 1 - d)).long()
@@ -204,16 +222,19 @@ def _check_model(model: LanguageModel, spec: MQARSpec) -> None:
     if model.cfg.vocab_size < spec.vocab_size:
         raise ValueError(f"the task needs vocab_size >= {spec.vocab_size}, the model has "
                          f"{model.cfg.vocab_size}")
-    if model.cfg.num_classes is not None or model.arch.num_predicted(spec.seq_len) != \
-            spec.seq_len:
-        raise ValueError(f"arch={model.cfg.arch!r} does not predict every position of a "
-                         f"sequence; MQAR scores queries anywhere in it")
+    first = spec.seq_len - model.arch.num_predicted(spec.seq_len)
+    if model.cfg.num_classes is not None or spec.query_start < first:
+        raise ValueError(f"arch={model.cfg.arch!r} predicts positions {first} on of a "
+                         f"sequence, and the task places queries from query_start="
+                         f"{spec.query_start}")
 
 
 def query_logits(model: LanguageModel, batch: MQARBatch) -> Tensor:
-    """(B, Q, V): the model's prediction after each query."""
+    """(B, Q, V): the model's prediction after each query (a model that predicts only the
+    window's last positions returns logits for those)."""
     logits = model(batch.tokens)
-    index = batch.query_pos[..., None].expand(-1, -1, logits.size(-1))
+    first = batch.tokens.size(1) - logits.size(1)
+    index = (batch.query_pos - first)[..., None].expand(-1, -1, logits.size(-1))
     return logits.gather(1, index)
 
 
@@ -249,11 +270,15 @@ def segment_offset(batch: MQARBatch, segment_len: int) -> Tensor:
     return batch.query_pos // segment_len - (batch.key_pos + 1) // segment_len
 
 
+def accuracy_by(correct: Tensor, groups: Tensor) -> dict[int, float]:
+    """Accuracy per value of ``groups`` (B, Q): a segment offset, a distance."""
+    return {int(g): correct[groups == g].float().mean().item() for g in groups.unique()}
+
+
 def accuracy_by_offset(correct: Tensor, batch: MQARBatch, segment_len: int
                        ) -> dict[int, float]:
     """Accuracy per segment offset from the planted value to the query."""
-    offset = segment_offset(batch, segment_len)
-    return {int(o): correct[offset == o].float().mean().item() for o in offset.unique()}
+    return accuracy_by(correct, segment_offset(batch, segment_len))
 
 
 def _save_state(path: Path, setup: str, step: int, model: LanguageModel,
@@ -309,7 +334,9 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
         result = evaluate(model, held_out)
         curve.append({"step": step, "accuracy": result["accuracy"], "loss": result["loss"],
                       "train_loss": sum(recent) / len(recent) if recent else None,
-                      "elapsed_s": time.perf_counter() - start})
+                      "elapsed_s": time.perf_counter() - start, **({"accuracy_by_distance": (
+                          accuracy_by(result["correct"], held_out.distance))} if spec.distances
+                          else {})})
         recent.clear()
         prog.note(f"{label} step {step}: held-out accuracy {result['accuracy']:.3f}, "
                   f"loss {result['loss']:.3f}", progress and not prog.interactive())
@@ -344,16 +371,24 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
         "params": model.num_params(), "chance": spec.chance, "curve": curve,
         "accuracy": final["accuracy"], "loss": final["loss"],
         "accuracy_by_offset": accuracy_by_offset(final["correct"], held_out, segment_len),
-        "per_query": pack_queries(final["correct"], final["per_query_loss"]),
+        **({"accuracy_by_distance": accuracy_by(final["correct"], held_out.distance)}
+           if spec.distances else {}),
+        "per_query": pack_queries(final["correct"], final["per_query_loss"],
+                                  held_out.distance if spec.distances else None),
         "train_wall_s": train_s, "s_per_step": train_s / train.steps}
 
 
-def pack_queries(correct: Tensor, loss: Tensor) -> dict[str, str]:
+def pack_queries(correct: Tensor, loss: Tensor, distance: Tensor | None = None
+                 ) -> dict[str, str]:
     """Every query's result in row order, compact enough for a result file kept in git:
     ``correct`` one character per query (``1`` right, ``0`` wrong), ``loss`` its cross-entropy
-    to 5 significant digits, space-separated (``unpack_queries`` reads them back)."""
-    return {"correct": "".join("1" if c else "0" for c in correct.flatten().tolist()),
-            "loss": " ".join(f"{x:.5g}" for x in loss.flatten().tolist())}
+    to 5 significant digits, space-separated (``unpack_queries`` reads them back), and where
+    given each query's ``distance``."""
+    out = {"correct": "".join("1" if c else "0" for c in correct.flatten().tolist()),
+           "loss": " ".join(f"{x:.5g}" for x in loss.flatten().tolist())}
+    if distance is not None:
+        out["distance"] = " ".join(str(x) for x in distance.flatten().tolist())
+    return out
 
 
 def unpack_queries(packed: dict[str, str]) -> tuple[list[int], list[float]]:

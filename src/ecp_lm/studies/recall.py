@@ -45,7 +45,8 @@ def recall_job(stage: Stage, model: str, depth: int, seed: int, lr: float, steps
                            checkpoint=Path(folder) / "train-state.pt")
     return {"model": model, "n_layers": depth, "seed": seed, "lr": lr, "steps": steps,
             "eval_seed": sequences, "accuracy": result["accuracy"], "loss": result["loss"],
-            "s_per_step": result["s_per_step"], "per_query": result["per_query"]}
+            "s_per_step": result["s_per_step"], "per_query": result["per_query"],
+            **{k: result[k] for k in ("accuracy_by_distance", "curve") if k in result}}
 
 
 def chance(stage: Stage) -> float:

@@ -42,10 +42,11 @@ class StageData:
     stage: Stage
     values: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     """{point: {cell: {seed: metric}}}"""
-    per_item: dict[tuple[str, int], tuple[list[float], list[float]]] = field(
+    per_item: dict[tuple[str, str, int], tuple[list[float], list[float]]] = field(
         default_factory=dict)
-    """{(cell, seed): (each item's numerator, its denominator)} at the last point: queries'
-    correctness over 1, or documents' loss in bits over their bytes (``stats.bootstrap``)."""
+    """{(point, cell, seed): (each item's numerator, its denominator)} at the last point (and
+    on recall at each distance): queries' correctness over 1, or documents' loss in bits over
+    their bytes (``stats.bootstrap``)."""
     context: dict[str, dict[str, dict[int, float]]] = field(default_factory=dict)
     missing: list[str] = field(default_factory=list)
     undeclared: int = 0
@@ -119,18 +120,24 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
                 p["bits_per_byte"]
             if str(p["steps"]) == data.final and "documents" in p:
                 docs = p["documents"]
-                data.per_item[name, seed] = ([v / math.log(2) for v in docs["nll"]],
-                                             [float(b) for b in docs["bytes"]])
+                data.per_item[data.final, name, seed] = (
+                    [v / math.log(2) for v in docs["nll"]], [float(b) for b in docs["bytes"]])
             if "context_gain_bits" in p:
                 data.context.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
                     p["context_gain_bits"]
         return
     data.values.setdefault(str(r["steps"]), {}).setdefault(name, {})[seed] = r["accuracy"]
+    for d, accuracy in r.get("accuracy_by_distance", {}).items():
+        data.values.setdefault(f"d{d}", {}).setdefault(name, {})[seed] = accuracy
     if "per_query" in r:
         from ecp_lm.studies.mqar import unpack_queries
 
         correct = [float(c) for c in unpack_queries(r["per_query"])[0]]
-        data.per_item[name, seed] = (correct, [1.0] * len(correct))
+        data.per_item[data.final, name, seed] = (correct, [1.0] * len(correct))
+        distance = r["per_query"].get("distance", "").split()
+        for d in sorted(set(distance)):
+            items = [c for c, x in zip(correct, distance, strict=True) if x == d]
+            data.per_item[f"d{d}", name, seed] = (items, [1.0] * len(items))
 
 
 def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None:
@@ -216,7 +223,7 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
                 if d.learned.get(c_name):
                     for s, v in seeds.items():
                         groups.setdefault((name, point), {})[c_name, s] = v
-    fits = {key: stats.fit(v) for key, v in groups.items()}
+    fits = {key: stats.fit(v) for key, v in groups.items() if len(by_cell(v)) > 1}
     declared = [stats.Comparison(c.stage, c.point, *sides(c), data[c.stage].metric, primary,
                                  c.weights) for c, primary in contrasts]
     rows = stats.compare(fits, declared, alpha)
@@ -252,13 +259,12 @@ def by_cell(values: Mapping[tuple[str, int], float]) -> dict[str, list[float]]:
 
 
 def item_bootstrap(c: Contrast, d: StageData, level: float) -> list[float] | None:
-    """The bootstrap over items (queries or documents) and seeds of a contrast at the last
-    point, where every seed of each of its cells stored them; None otherwise."""
+    """The bootstrap over items (queries or documents) and seeds of a contrast, where every
+    seed of each of its cells stored them at its point; None otherwise."""
     cells = [m for m, _ in c.weights]
-    if c.point != d.final or any((m, s) not in d.per_item for m in cells
-                                 for s in d.stage.seeds):
+    if any((c.point, m, s) not in d.per_item for m in cells for s in d.stage.seeds):
         return None
-    items = {(m, s): d.per_item[m, s] for m in cells for s in d.stage.seeds}
+    items = {(m, s): d.per_item[c.point, m, s] for m in cells for s in d.stage.seeds}
     return list(stats.bootstrap(items, c.weights, level=level))
 
 
@@ -348,6 +354,7 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
     metric = "bits per byte (test split)" if d.metric == "bits_per_byte" else \
         "accuracy (report sequences)"
     at = f"{point} steps" if point.isdigit() else \
+        f"{d.final} steps, the queries at distance {point[1:]}" if point.startswith("d") else \
         f"equal training time: {d.stage.reference} at {point[4:]} steps, " + ", ".join(
             f"{m} at {runs[min(runs)]['steps']} steps" for m, runs in d.timed.items())
     out = [f"### {d.stage.name} at {at}: {metric}", "",

@@ -127,9 +127,11 @@ class Stage:
 
     def points(self) -> list[str]:
         """Budget points; on language with ``equal_time`` models, ``time<last>`` too: the
-        reference at its last point against them at its time."""
+        reference at its last point against them at its time; on recall with ``distances``,
+        ``d<distance>`` too: the accuracy on the queries at that distance."""
         if isinstance(self.task, Recall):
-            return [str(self.task.steps)]
+            distances = self.task.task.get("distances", ())
+            return [str(self.task.steps), *(f"d{d}" for d in distances)]
         time = [f"time{max(self.task.points)}"] if self.task.equal_time else []
         return [str(p) for p in self.task.points] + time
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ecp_lm.studies.spec import Study
 
-NAMES = ("evidence4",)
+NAMES = ("evidence4", "evidence5")
 
 
 def load(name: str) -> Study:

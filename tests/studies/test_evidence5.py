@@ -1,0 +1,150 @@
+"""Evidence V's mechanism stage: recall with each query's key at a declared distance, scored per
+distance; PerceiverAR answering the queries it predicts; the report reading each distance as a
+point of its own (values, fits, bootstrap); the declared primary family; and the tiny budget end
+to end."""
+
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+import torch
+
+from ecp_lm import ModelConfig, build_model
+from ecp_lm.studies import report, specs, stats
+from ecp_lm.studies.__main__ import main
+from ecp_lm.studies.mqar import MQARSpec, mqar_batch, query_logits
+from ecp_lm.studies.specs.evidence5 import DISTANCE_TASK, STUDY, reach
+
+TINY = STUDY.stages("tiny")["mechanism"]
+
+
+def test_queries_lie_at_the_declared_distances_in_the_second_half():
+    spec = MQARSpec(**DISTANCE_TASK)
+    b = mqar_batch(spec, 256, torch.Generator().manual_seed(1))
+    rows = torch.arange(256)[:, None]
+    assert torch.equal(b.tokens[rows, b.key_pos], b.keys)
+    assert torch.equal(b.tokens[rows, b.key_pos + 1], b.values)
+    assert torch.equal(b.tokens[rows, b.query_pos], b.keys)
+    assert torch.equal(b.tokens[rows, b.query_pos + 1], b.values)
+    assert (b.query_pos >= 32).all() and (b.query_pos <= 62).all()
+    assert set((b.query_pos - b.key_pos).unique().tolist()) == {2, 4, 8, 16, 32}
+
+
+def test_the_default_task_draws_the_sequences_it_always_drew():
+    """Evidence IV's runs stay reproducible: a spec without distances draws as before."""
+    b = mqar_batch(MQARSpec(), 8, torch.Generator().manual_seed(5))
+    assert b.tokens.sum().item() == 17112
+    assert (b.tokens * torch.arange(64)).sum().item() == 545412
+    assert b.query_pos[0].tolist() == [40, 51, 30, 25] and b.key_pos[0].tolist() == [14, 32, 10, 1]
+
+
+@pytest.mark.parametrize("fields", [dict(distances=(1, 4)), dict(distances=(4, 63)),
+                                    dict(query_start=63), dict(query_start=-1)])
+def test_bad_distances_are_refused(fields):
+    with pytest.raises(ValueError, match="distances="):
+        MQARSpec(**{**DISTANCE_TASK, **fields})
+
+
+def perceiver():
+    torch.manual_seed(0)
+    cfg = ModelConfig(arch="perceiver_ar", vocab_size=48, d_model=16, n_heads=2, n_layers=2,
+                      seq_len=64, num_segments=16)
+    return build_model(cfg).eval()
+
+
+def test_perceiver_ar_answers_from_the_query_and_not_from_the_answer():
+    """Its logits cover the window's last l positions: the prediction read for a query changes
+    with the query's token and not with the answer after it."""
+    model, spec = perceiver(), MQARSpec(**DISTANCE_TASK)
+    b = mqar_batch(spec, 4, torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        base = query_logits(model, b)
+        for token_at, changes in ((b.query_pos, True), (b.query_pos + 1, False)):
+            tokens = b.tokens.clone()
+            tokens[torch.arange(4), token_at[:, 0]] = 47
+            b2 = type(b)(tokens, b.targets, b.query_pos, b.key_pos, b.keys, b.values)
+            moved = (query_logits(model, b2)[:, 0] - base[:, 0]).abs().amax().item()
+            assert (moved > 1e-6) == changes
+
+
+def test_a_query_the_model_does_not_predict_is_refused():
+    from ecp_lm.studies.mqar import _check_model
+
+    with pytest.raises(ValueError, match="predicts positions 32 on"):
+        _check_model(perceiver(), MQARSpec(**{**DISTANCE_TASK, "query_start": 8}))
+
+
+def write_runs(folder, accuracies):
+    """Result files of the tiny mechanism stage: each query's correctness drawn with the
+    cell's accuracy at its distance."""
+    g = torch.Generator().manual_seed(0)
+    distances = [2, 4, 8, 16, 32] * 20
+    for (model, depth, seed), by_distance in accuracies.items():
+        correct = [int(torch.rand(1, generator=g).item() < by_distance[d]) for d in distances]
+        per = {d: statistics.fmean(c for c, x in zip(correct, distances, strict=True)
+                                   if x == d)
+               for d in sorted(set(distances))}
+        path = folder / "runs" / model / f"L{depth}" / f"seed{seed}" / "result.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps({
+            "model": model, "n_layers": depth, "seed": seed, "lr": 1e-3, "steps": 30,
+            "eval_seed": 1, "accuracy": statistics.fmean(correct), "loss": 1.0,
+            "s_per_step": 0.01, "accuracy_by_distance": {str(d): a for d, a in per.items()},
+            "per_query": {"correct": "".join(map(str, correct)),
+                          "loss": " ".join("1" for _ in correct),
+                          "distance": " ".join(map(str, distances))}}))
+    return distances
+
+
+def test_the_report_reads_each_distance_as_a_point(tmp_path):
+    near = {2: 0.9, 4: 0.9, 8: 0.8, 16: 0.6, 32: 0.3}
+    cells = {(m, d, s): {k: v * (1 - 0.1 * i) for k, v in near.items()}
+             for i, m in enumerate(TINY.models) for d in (2, 4) for s in (0, 1)}
+    write_runs(tmp_path, cells)
+    data = report.load_stage(TINY, tmp_path)
+    assert sorted(data.values) == sorted(["30", "d2", "d4", "d8", "d16", "d32"])
+    analysis = report.analyse(STUDY, {"mechanism": data})
+    runs = {(r["point"], r["model"], r["seed"]): r["value"] for r in analysis["runs"]}
+    for (m, d, s) in cells:
+        result = json.loads((tmp_path / "runs" / m / f"L{d}" / f"seed{s}" /
+                             "result.json").read_text())
+        for dist, acc in result["accuracy_by_distance"].items():
+            assert runs[f"d{dist}", f"{m}@L{d}", s] == acc
+    [primary] = [c for c in analysis["comparisons"] if c["family"] == "primary"
+                 and c["b"] == "sliding_window_tiles@L4"]
+    assert primary["point"] == "d16"
+    mean = {c: statistics.fmean(runs["d16", c, s] for s in (0, 1))
+            for c in ("ecp@L4", "sliding_window_tiles@L4")}
+    assert primary["estimate"] == pytest.approx(mean["ecp@L4"] - mean["sliding_window_tiles@L4"])
+    low, high = primary["bootstrap"]
+    assert low <= primary["estimate"] <= high
+
+
+def test_the_primary_family_is_declared_within_the_limit():
+    """Ten contrasts; on the mechanism both at L = 4, d = 16: beyond the tile window's reach
+    and within ECP's, and within the reach of the window of ECP's entries (w = 7)."""
+    assert len(STUDY.primary) == 10 <= stats.MAX_PRIMARY
+    window = ModelConfig(arch="sliding_window", seq_len=64, num_segments=16).resolved().window
+    assert window == 7
+    assert reach("sliding_window_tiles", 4, 4, window, 64) < 16 <= reach("ecp", 4, 4, window, 64)
+    assert reach("sliding_window", 4, 4, window, 64) >= 16
+    mechanism = [c for c in STUDY.primary if c.stage == "mechanism"]
+    assert {(c.point, c.a) for c in mechanism} == {("d16", "ecp@L4")}
+
+
+@pytest.mark.integration
+def test_the_tiny_budget_runs_and_reports_every_distance(tmp_path):
+    out = tmp_path / "ev5"
+    assert main(["evidence5", "--stage", "all", "--budget", "tiny", "--out", str(out),
+                 "--quiet", "--jobs", "2", "--threads", "1"]) == 0
+    verdicts = json.loads((out / "report" / "tiny" / "verdicts.json").read_text())
+    points = {(r["point"], r["model"]) for r in verdicts["runs"]}
+    stage = specs.load("evidence5").stages("tiny")["mechanism"]
+    assert points == {(p, c) for p in stage.points() for c in stage.cells()}
+    assert "the queries at distance 32" in (out / "report" / "tiny" / "report.md").read_text()
+    result = json.loads((out / "mechanism" / "tiny" / "runs" / "ecp" / "L2" / "seed0" /
+                         "result.json").read_text())
+    assert [sorted(c["accuracy_by_distance"], key=int) for c in result["curve"]] == \
+        [["2", "4", "8", "16", "32"]] * len(result["curve"]) and len(result["curve"]) >= 2
