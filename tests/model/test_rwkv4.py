@@ -154,3 +154,57 @@ def test_the_model_is_transformers_rwkv_with_the_same_weights(kernel):
     tokens = random_tokens(2, 45, vocab=64)
     with torch.no_grad():
         torch.testing.assert_close(model(tokens), hf(tokens).logits, atol=2e-5, rtol=1e-4)
+
+
+def rwkv_package_weights(model) -> dict[str, torch.Tensor]:
+    """model's weights under the names of the ``rwkv`` package's RWKV-4 checkpoints, with the
+    embedding norm ``ln0`` the identity on the model's embedding rows (the skeleton has none:
+    the rows are made mean 0 and variance 1 − ε, which a layer norm of weight 1 leaves as they
+    are)."""
+    with torch.no_grad():
+        e = model.embed.weight
+        e.copy_((e - e.mean(1, keepdim=True)) * ((1 - 1e-5) / e.var(1, False, True)).sqrt())
+    d = model.cfg.d_model
+    w = {"emb.weight": e, "blocks.0.ln0.weight": torch.ones(d),
+         "blocks.0.ln0.bias": torch.zeros(d), "ln_out.weight": model.norm.weight,
+         "ln_out.bias": model.norm.bias, "head.weight": model.head.weight}
+    for i, block in enumerate(model.blocks):
+        tm, cm, p = block.attn, block.ff, f"blocks.{i}."
+        for norm, name in ((block.attn_norm, "ln1"), (block.ff_norm, "ln2")):
+            w |= {f"{p}{name}.weight": norm.weight, f"{p}{name}.bias": norm.bias}
+        w |= {f"{p}att.time_decay": tm.time_decay, f"{p}att.time_first": tm.time_first,
+              f"{p}att.output.weight": tm.out_proj.weight,
+              f"{p}ffn.time_mix_k": cm.time_mix[0], f"{p}ffn.time_mix_r": cm.time_mix[1],
+              f"{p}ffn.key.weight": cm.up.weight, f"{p}ffn.value.weight": cm.down.weight,
+              f"{p}ffn.receptance.weight": cm.gate.weight}
+        for name, mix in (("key", "k"), ("value", "v"), ("receptance", "r")):
+            w[f"{p}att.{name}.weight"] = getattr(tm, name).weight
+            w[f"{p}att.time_mix_{mix}"] = tm.time_mix["kvr".index(mix)]
+    return {k: v.detach().clone() for k, v in w.items()}
+
+
+def test_the_model_is_the_rwkv_packages_rwkv4_with_the_same_weights(tmp_path, monkeypatch):
+    """The ``rwkv`` package (BlinkDL's RWKV inference code) run on a checkpoint of the model's
+    weights: its logits over a sequence, and after it, one token at a time from its state, are
+    the model's."""
+    monkeypatch.setenv("RWKV_JIT_ON", "0")
+    monkeypatch.setenv("RWKV_CUDA_ON", "0")
+    from rwkv.model import RWKV
+
+    model = build_model(ModelConfig(arch="rwkv4", vocab_size=64, d_model=32, n_layers=3,
+                                    n_heads=2, seq_len=32, chunk_size=8)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel()))
+                   * 0.1)
+    torch.save(rwkv_package_weights(model), tmp_path / "model.pth")
+    theirs = RWKV(str(tmp_path / "model.pth"), "cpu fp32", verbose=False)
+    tokens = random_tokens(1, 45, vocab=64)[0]
+    with torch.no_grad():
+        mine = model(tokens[None])[0]
+    logits, state = theirs.forward(tokens[:40].tolist(), None, full_output=True)
+    steps = [logits]
+    for t in tokens[40:].tolist():
+        last, state = theirs.forward([t], state)
+        steps.append(last[None])
+    torch.testing.assert_close(torch.cat(steps), mine, atol=2e-5, rtol=1e-4)
