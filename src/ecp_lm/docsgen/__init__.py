@@ -5,7 +5,9 @@
 - ``docs/reference/api.md``, mkdocstrings directives for the public API (``api_page``);
 - ``docs/img/masks/*.svg``, each architecture's attention mask from its predicate (``masks``);
 - ``docs/results.md``, its prose from ``evidence4/results.md.in`` and its numbers from the
-  committed report (``results_page``).
+  committed report (``results_page``);
+- ``docs/img/evidence5-mechanism.svg``, Evidence V's accuracy against distance from its
+  committed verdict file (``mechanism``).
 
 ``python -m ecp_lm.docsgen`` writes them (``--check``: only says which differ); the tests check
 that the committed files equal a fresh rendering.
@@ -22,7 +24,7 @@ REGENERATE = "python -m ecp_lm.docsgen"
 def render_all(root: Path | None = None) -> dict[str, str]:
     """Every generated file, by path relative to the repository root, as its text (the
     results page where ``root``, the repository, holds its template)."""
-    from ecp_lm.docsgen import api_page, cli_page, config_page, masks, results_page
+    from ecp_lm.docsgen import api_page, cli_page, config_page, masks, mechanism, results_page
 
     pages = {"docs/reference/cli.md": cli_page.render(),
              "docs/reference/config.md": config_page.render(),
@@ -30,6 +32,9 @@ def render_all(root: Path | None = None) -> dict[str, str]:
     results = None if root is None else results_page.render(root)
     if results is not None:
         pages[results_page.PAGE] = results
+    picture = None if root is None else mechanism.render(root)
+    if picture is not None:
+        pages[mechanism.PICTURE] = picture
     return {**pages, **masks.render_all()}
 
 
