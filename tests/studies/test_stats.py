@@ -189,9 +189,13 @@ def test_the_verdict_file_recomputes_from_its_runs():
              "value": v} for p in (200, 400) for (m, s), v in balanced(seed=p).items()]
     comparisons = [stats.Comparison("language", str(p), "m0", m, "bpb", primary=p == 400)
                    for p in (200, 400) for m in ("m1", "m2", "m3", "m4")]
-    verdicts = stats.verdict_file(runs, stats.compare(stats.fits_of(runs, "bpb"),
-                                                      comparisons))
-    verdicts = json.loads(json.dumps(verdicts))  # as written
+    groups: dict = {}
+    for r in runs:
+        groups.setdefault((r["stage"], r["point"]), {})[r["model"], r["seed"]] = r["value"]
+    rows = stats.compare({key: stats.fit(v) for key, v in groups.items()}, comparisons)
+    verdicts = json.loads(json.dumps({  # as report.analyse writes it
+        "runs": [{k: r[k] for k in stats.RUN_KEYS} for r in runs],
+        "comparisons": [{k: r[k] for k in stats.COMPARISON_KEYS} for r in rows]}))
     primary = [c for c in verdicts["comparisons"] if c["family"] == "primary"]
     assert len(primary) == 4 and set(primary[0]) == set(stats.COMPARISON_KEYS)
     values = {(r["model"], r["seed"]): r["value"] for r in verdicts["runs"]

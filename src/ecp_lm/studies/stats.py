@@ -234,7 +234,7 @@ class Comparison:
 def compare(fits: Mapping[tuple[str, str], Fit], comparisons: Sequence[Comparison],
             alpha: float = ALPHA) -> list[dict]:
     """Each comparison's estimate, interval, degrees of freedom, p-value and call, as the
-    verdict file holds them (``verdict_file``): the primary ones under Holm over the primary
+    verdict file holds them (``report.analyse``): the primary ones under Holm over the primary
     family at ``alpha`` (at most ``MAX_PRIMARY``), the others at an unadjusted 1 − ``alpha``,
     never called."""
     primary = [c for c in comparisons if c.primary]
@@ -314,20 +314,3 @@ def bootstrap(items: Mapping[tuple[str, Hashable], tuple[Sequence[float], Sequen
 RUN_KEYS = ("stage", "point", "model", "seed", "metric", "value")
 COMPARISON_KEYS = ("stage", "point", "a", "b", "metric", "family", "estimate", "low", "high",
                    "df", "p", "called")
-
-
-def verdict_file(runs: Sequence[Mapping], rows: Sequence[Mapping]) -> dict:
-    """``verdicts.json``: ``runs``, every reported number before any analysis ({"stage",
-    "point", "model", "seed", "metric", "value"}), and ``comparisons`` (``compare``'s rows,
-    their keys in ``COMPARISON_KEYS``)."""
-    return {"runs": [{k: r[k] for k in RUN_KEYS} for r in runs],
-            "comparisons": [{k: r[k] for k in COMPARISON_KEYS} for r in rows]}
-
-
-def fits_of(runs: Sequence[Mapping], metric: str) -> dict[tuple[str, str], Fit]:
-    """One ``fit`` per (stage, point) of ``runs`` for ``metric``."""
-    groups: dict[tuple[str, str], dict[tuple[str, Hashable], float]] = {}
-    for r in runs:
-        if r["metric"] == metric:
-            groups.setdefault((r["stage"], r["point"]), {})[r["model"], r["seed"]] = r["value"]
-    return {key: fit(values) for key, values in groups.items()}
