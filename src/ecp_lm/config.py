@@ -154,6 +154,9 @@ class ModelConfig:
     ff_mult: int | None = None
     """Feed-forward hidden width as a multiple of ``d_model``; unset: 4 (``gelu``), or 8/3
     rounded up to a multiple of 64 (``swiglu``, Llama's), see ``ff_width``."""
+    ff_hidden: int | None = None
+    """Feed-forward hidden width in units, over ``ff_mult`` (e.g. the width that gives a model
+    another's parameter count, ``model.match_parameters``)."""
     norm: str = "layernorm"
     """The skeleton's norms (each block's two and the last): ``layernorm`` or ``rmsnorm``."""
     mlp: str = "gelu"
@@ -214,9 +217,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         architecture(self.arch)  # ValueError naming the architectures for an unknown one
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "seq_len", "num_segments",
-                     "ff_mult"):
+                     "ff_mult", "ff_hidden"):
             value = getattr(self, name)
-            if name == "ff_mult" and value is None:
+            if name in ("ff_mult", "ff_hidden") and value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ValueError(f"{name}={value!r} must be a positive integer")
@@ -394,8 +397,11 @@ class ModelConfig:
 
     @property
     def ff_width(self) -> int:
-        """The feed-forward's hidden width: ``ff_mult``·d_model where set, else 4·d_model
-        (``gelu``) or 8/3·d_model rounded up to a multiple of 64 (``swiglu``)."""
+        """The feed-forward's hidden width: ``ff_hidden`` where set, else ``ff_mult``·d_model
+        where set, else 4·d_model (``gelu``) or 8/3·d_model rounded up to a multiple of 64
+        (``swiglu``)."""
+        if self.ff_hidden is not None:
+            return self.ff_hidden
         if self.ff_mult is not None:
             return self.ff_mult * self.d_model
         if self.mlp == "swiglu":

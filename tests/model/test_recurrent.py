@@ -442,6 +442,24 @@ def test_matching_parameters_takes_the_nearest_width(arch):
     assert match_parameters(ModelConfig.from_preset("small", arch="rwkv7")).mixer_width is None
 
 
+@pytest.mark.parametrize("arch, skeleton", [("transformer", dict(norm="rmsnorm", mlp="swiglu",
+                                                                 bias=False)),
+                                            ("rwkv4", {})])
+def test_matching_the_feed_forwards_width_takes_the_nearest(arch, skeleton):
+    """A Llama-style transformer or RWKV-4 matched to a plain ECP through the feed-forward's
+    hidden width: no neighbouring width is nearer, and the counts agree within 0.1%."""
+    like = ModelConfig.from_preset("small", arch="ecp")
+    matched = match_parameters(ModelConfig.from_preset("small", arch=arch, **skeleton), like,
+                               "ff_hidden")
+    target, got = parameter_count(like), parameter_count(matched)
+    for other in (matched.ff_hidden - 1, matched.ff_hidden + 1):
+        assert abs(got - target) <= abs(parameter_count(ModelConfig.from_preset(
+            "small", arch=arch, ff_hidden=other, **skeleton)) - target)
+    assert abs(got - target) / target < 0.001 and matched.ff_width == matched.ff_hidden
+    with pytest.raises(ValueError, match="field='d_model'"):
+        match_parameters(like, "ecp", "d_model")
+
+
 @pytest.mark.parametrize("arch", RECURRENT)
 def test_a_long_chunk_into_a_filled_state_allocates_what_a_fresh_forward_does(arch):
     """The state replaces the ring: a chunk of C after 3N tokens creates no tensor larger than

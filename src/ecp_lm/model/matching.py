@@ -24,21 +24,25 @@ def parameter_count(cfg: ModelConfig) -> int:
         return build_model(cfg).num_params()
 
 
-def match_parameters(cfg: ModelConfig, like: str | ModelConfig = "ecp") -> ModelConfig:
+def match_parameters(cfg: ModelConfig, like: str | ModelConfig = "ecp",
+                     field: str = "mixer_width") -> ModelConfig:
     """``cfg`` with the ``mixer_width`` (a multiple of n_heads) whose model's parameter count is
     nearest to that of ``like``: an architecture's name (built with ``cfg``'s shared sizes, as
     ``arch`` overrides it) or a config. A config whose layers have no width to choose comes back
-    unchanged."""
+    unchanged. ``field="ff_hidden"`` chooses the feed-forward's hidden width instead (any
+    architecture with the skeleton's feed-forward, e.g. a Llama-style transformer)."""
     if isinstance(like, str):
         like = dataclasses.replace(cfg, arch=like, layer_pattern=None, mixer_width=None,
                                    state_size=None, conv_size=None, chunk_size=None,
                                    sink_tokens=0, tied_kv=False)
-    if "mixer_width" not in _sizes(cfg):
+    if field not in ("mixer_width", "ff_hidden"):
+        raise ValueError(f"field={field!r}: match_parameters chooses mixer_width or ff_hidden")
+    if field == "mixer_width" and "mixer_width" not in _sizes(cfg):
         return cfg
-    target, step = parameter_count(like), cfg.n_heads
+    target, step = parameter_count(like), cfg.n_heads if field == "mixer_width" else 1
 
     def count(width: int) -> int:
-        return parameter_count(dataclasses.replace(cfg, mixer_width=width))
+        return parameter_count(dataclasses.replace(cfg, **{field: width}))
 
     # The count grows with the width: search the multiples of n_heads for the nearest.
     low, high = 1, max(2, 4 * cfg.d_model // step)
@@ -51,7 +55,7 @@ def match_parameters(cfg: ModelConfig, like: str | ModelConfig = "ecp") -> Model
         else:
             high = mid
     best = min((low, high), key=lambda n: abs(count(n * step) - target))
-    return dataclasses.replace(cfg, mixer_width=best * step)
+    return dataclasses.replace(cfg, **{field: best * step})
 
 
 def _sizes(cfg: ModelConfig) -> tuple[str, ...]:

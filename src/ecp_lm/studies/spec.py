@@ -6,8 +6,9 @@ A study is one ``Study`` in one module of ``studies/specs``. The runner (``runne
 it declares, the report (``report``) analyses it with ``stats`` and writes ``verdicts.json``.
 
 Models. A model is a name and its ``ModelConfig`` fields beside the stage's shared size.
-``"m"`` stands for the segment length N/S; ``mixer_width: "matched"`` asks for the width whose
-parameter count is the nearest to the reference model's (``model.match_parameters``).
+``"m"`` stands for the segment length N/S; ``mixer_width`` or ``ff_hidden`` ``"matched"`` asks
+for the width whose parameter count is the nearest to the reference model's
+(``model.match_parameters``).
 
 Seeds. Every model of a stage runs the same seeds (``Stage.seeds``): nothing adds seeds where a
 margin is small. Seed s of every model trains on the same batches in the same order.
@@ -211,6 +212,6 @@ def model_config(stage: Stage, name: str, depth: int | None = None) -> ModelConf
     declared = stage.models[name]
     fields = {k: (m if v == "m" else v) for k, v in declared.items() if v != "matched"}
     cfg = ModelConfig(vocab_size=vocab, **size, **fields)
-    if declared.get("mixer_width") == "matched":
-        cfg = match_parameters(cfg, stage.models[stage.reference]["arch"])
+    for field in (k for k, v in declared.items() if v == "matched"):
+        cfg = match_parameters(cfg, model_config(stage, stage.reference, depth), field)
     return cfg

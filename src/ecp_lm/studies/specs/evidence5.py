@@ -33,9 +33,11 @@ MECHANISM = {**plain("ecp", "sliding_window"),
              "gated_deltanet": {"arch": "gated_deltanet", "mixer_width": "matched"},
              **plain("rwkv7")}
 NAMED = {"mamba": {"arch": "mamba", "mixer_width": "matched"},
-         **plain("rwkv4", "xlstm", "performer", "sparse_transformer", "longformer",
-                 "compressive", "routing"),
-         "llama": {"arch": "transformer", "norm": "rmsnorm", "mlp": "swiglu", "bias": False}}
+         "rwkv4": {"arch": "rwkv4", "ff_hidden": "matched"},
+         **plain("xlstm", "performer", "sparse_transformer", "longformer", "compressive",
+                 "routing"),
+         "llama": {"arch": "transformer", "norm": "rmsnorm", "mlp": "swiglu", "bias": False,
+                   "ff_hidden": "matched"}}
 
 SEGMENTS = 16
 DISTANCE_TASK = dict(seq_len=64, num_pairs=4, num_queries=4, distances=(2, 4, 8, 16, 32),
