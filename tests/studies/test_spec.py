@@ -16,9 +16,9 @@ from ecp_lm.studies.spec import Recall, model_config
 MATCHED = ("mamba2", "gated_deltanet")
 
 
-def sizes(budget: str):
+def sizes(budget: str, study: str = "evidence4"):
     """(stage, depth) of every model size the budget trains."""
-    for stage in specs.load("evidence4").stages(budget).values():
+    for stage in specs.load(study).stages(budget).values():
         depths = stage.task.depths if isinstance(stage.task, Recall) else (None,)
         yield from ((stage, d) for d in depths)
 
@@ -30,6 +30,22 @@ def test_the_matched_mixers_have_ecps_parameters(budget):
         for name in MATCHED:
             ratio = parameter_count(model_config(stage, name, depth)) / ecp
             assert abs(ratio - 1) <= 0.02, (stage.name, depth, name, ratio)
+
+
+@pytest.mark.parametrize("budget", ["small", "full"])
+def test_evidence_v_matches_what_it_declares_matched(budget):
+    """Every model of Evidence V with a ``"matched"`` width has ECP's parameter count within
+    2% at every stage and depth; a Llama-style model keeps its skeleton."""
+    for stage, depth in sizes(budget, "evidence5"):
+        ecp = parameter_count(model_config(stage, "ecp", depth))
+        for name, fields in stage.models.items():
+            if "matched" in fields.values():
+                cfg = model_config(stage, name, depth)
+                ratio = parameter_count(cfg) / ecp
+                assert abs(ratio - 1) <= 0.02, (stage.name, depth, name, ratio)
+        if "llama" in stage.models:
+            cfg = model_config(stage, "llama", depth)
+            assert (cfg.norm, cfg.mlp, cfg.bias) == ("rmsnorm", "swiglu", False)
 
 
 def test_a_width_that_cannot_match_is_the_smallest_one():

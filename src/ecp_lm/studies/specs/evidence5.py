@@ -3,22 +3,25 @@ measured where the models learn, and its headline orderings.
 
 **Mechanism**: recall with each query's key d ∈ {m/2, m, 2m, 4m, 8m} behind it (N = 64, m = 4;
 queries in the second half, which PerceiverAR's l = N/2 latents predict), at depths 2, 4, 8,
-scored per distance (points ``d2`` … ``d32``). ``reach`` is what each definition lets a query
-see. The tile-matched window (w = m) falls short of ECP at every depth; the window of ECP's
-entries (w = 7) reaches past it, so no distance lies beyond it and within ECP: its contrast asks
-whether ECP recalls as well where both reach. Both sit at L = 4, d = 16 = 4m.
+scored per distance (points ``d2`` … ``d32``); ``reach`` is what each definition lets a query
+see. The tile window (w = m) falls short of ECP at every depth, the window of ECP's entries
+(w = 7) reaches past it: its contrast asks whether ECP recalls as well where both reach. Both
+primary contrasts sit at L = 4, d = 16 = 4m.
 
-``small`` runs the models the mechanism names on this CPU; the research's other named rivals
-join at ``full``, sized for a GPU (on this CPU they alone exceed the study's 20 hours).
+**Language** (sympy-code, five seeds; ``replication``: enwiki-mini, three): Evidence III's
+curve's size (d 128, 4 layers, N = 2048, m = 256, 8,192 tokens a step; ECP 1.98 bits/byte at
+1,200 steps) to 1,600 steps, for ECP within 30% of xz. Llama's feed-forward width is matched.
 
-Primary family (ten, declared before any run): the two mechanism contrasts, and on both
-language corpora ECP against PerceiverAR (equal parameters and tokens), Mamba, RWKV-4 and the
-Llama-style transformer (equal parameters). The language stages join the spec before they run.
+``small`` is what this CPU can run; the other named rivals join at ``full``, sized for a GPU:
+Mamba and RWKV-4 train at a twentieth and a third of ECP's tokens/s here (docs/performance.md),
+so their language runs alone would exceed the study's 20 hours, as would nine more mechanism
+models. Primary family (ten, declared before any run): the two mechanism contrasts, and on both
+corpora ECP against PerceiverAR (equal parameters and tokens), Mamba, RWKV-4 and Llama.
 """
 
 from __future__ import annotations
 
-from ecp_lm.studies.spec import Contrast, Grid, Recall, Stage, Study
+from ecp_lm.studies.spec import Contrast, Grid, Language, Recall, Stage, Study
 
 
 def plain(*names: str) -> dict[str, dict[str, str]]:
@@ -43,12 +46,30 @@ SEGMENTS = 16
 DISTANCE_TASK = dict(seq_len=64, num_pairs=4, num_queries=4, distances=(2, 4, 8, 16, 32),
                      query_start=32, num_keys=16, num_values=16, num_filler=16)
 """N = 64, m = 4: distances m/2 … 8m, queries in positions 32 … 62."""
+SEEDS = (0, 1, 2, 3, 4)
+LANGUAGE = {**plain("ecp", "perceiver_ar"), "llama": NAMED["llama"], **plain("transformer")}
+RECALL_GRID, LANGUAGE_GRID = Grid((3e-4, 1e-3, 3e-3), 3.0), Grid((2e-3, 4e-3, 8e-3), 2.0)
+WIDTH, RECALL_TRAIN = dict(d_model=64, n_heads=4), dict(warmup_steps=100, eval_every=250)
+SIZE = dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8)
+TRAIN = dict(batch_size=4, warmup_steps=60, eval_every=400, checkpoint_every=50, log_every=50,
+             eval_max_tokens=262144, min_lr_ratio=0.0, logger="none")
 
 
-def mechanism(task, model, train, depths, steps, select_steps, grid, seeds, models
-              ) -> Stage:
-    return Stage("mechanism", Recall(task, SEGMENTS, model, train, depths, steps,
-                                     select_steps, 4), models, seeds, grid)
+def mechanism(steps, models, task=DISTANCE_TASK, model=WIDTH, train=RECALL_TRAIN,
+              depths=(2, 4, 8), select_steps=1000, grid=RECALL_GRID, seeds=SEEDS) -> Stage:
+    return Stage("mechanism", Recall(task, SEGMENTS, model, train, depths, steps, select_steps,
+                                     4), models, seeds, grid)
+
+
+def corpora(models, size=SIZE, train=TRAIN, points=(800, 1600), select_steps=300,
+            grid=LANGUAGE_GRID, tokens=None) -> tuple[Stage, ...]:
+    """sympy-code on five seeds and enwiki-mini on three, alike otherwise."""
+    return tuple(Stage(name, Language(source, size, train, points, select_steps,
+                                      report_tokens=tokens,
+                                      context_models=("transformer", "ecp")), models, seeds,
+                       grid)
+                 for name, source, seeds in (("language", "sympy-code", SEEDS),
+                                             ("replication", "enwiki-mini", SEEDS[:3])))
 
 
 def reach(model: str, depth: int, m: int, window: int, n: int) -> int:
@@ -60,9 +81,7 @@ def reach(model: str, depth: int, m: int, window: int, n: int) -> int:
         return depth * ((m if model.endswith("tiles") else window) - 1)
     if model == "s2":
         return depth * (m - 1)
-    if model == "block_local":
-        return 2 * m - 1
-    return n - 1
+    return 2 * m - 1 if model == "block_local" else n - 1
 
 
 STUDY = Study(
@@ -71,24 +90,19 @@ STUDY = Study(
              "and does it lead the rivals the research names where the models learn?",
     budgets={
         "tiny": (
-            mechanism(dict(DISTANCE_TASK, num_keys=8, num_values=8), dict(d_model=16, n_heads=2),
-                      dict(batch_size=8, warmup_steps=5, eval_every=20, eval_size=64),
-                      (2, 4), 30, 15, Grid((1e-3, 3e-3), 3.0, extensions=1), (0, 1),
-                      {m: MECHANISM[m] for m in ("ecp", "sliding_window",
-                                                 "sliding_window_tiles", "perceiver_ar",
-                                                 "mamba2")}),
+            mechanism(30, {m: MECHANISM[m] for m in ("ecp", "sliding_window", "perceiver_ar",
+                                                     "sliding_window_tiles", "mamba2")},
+                      dict(DISTANCE_TASK, num_keys=8, num_values=8), dict(d_model=16, n_heads=2),
+                      dict(batch_size=8, warmup_steps=5, eval_every=20, eval_size=64), (2, 4),
+                      15, Grid((1e-3, 3e-3), 3.0, extensions=1), (0, 1)),
+            *corpora(LANGUAGE, dict(d_model=32, n_layers=2, n_heads=2, seq_len=128, num_segments=4),
+                     dict(TRAIN, batch_size=2, warmup_steps=1, eval_every=4,
+                          checkpoint_every=2, log_every=1, eval_max_tokens=1024),
+                     (4, 8), 4, Grid((1e-3, 4e-3), 4.0, extensions=1), 2048),
         ),
-        "small": (
-            mechanism(DISTANCE_TASK, dict(d_model=64, n_heads=4),
-                      dict(warmup_steps=100, eval_every=250), (2, 4, 8), 3000, 1000,
-                      Grid((3e-4, 1e-3, 3e-3), 3.0), (0, 1, 2, 3, 4), MECHANISM),
-        ),
-        "full": (
-            mechanism(DISTANCE_TASK, dict(d_model=64, n_heads=4),
-                      dict(warmup_steps=100, eval_every=250), (2, 4, 8), 6000, 1000,
-                      Grid((3e-4, 1e-3, 3e-3), 3.0), (0, 1, 2, 3, 4),
-                      {**MECHANISM, **NAMED}),
-        ),
+        "small": (mechanism(3000, MECHANISM), *corpora(LANGUAGE)),
+        "full": (mechanism(6000, {**MECHANISM, **NAMED}),
+                 *corpora({**LANGUAGE, "mamba": NAMED["mamba"], "rwkv4": NAMED["rwkv4"]})),
     },
     primary=(
         Contrast.pair("mechanism", "ecp@L4", "sliding_window_tiles@L4", "d16"),
