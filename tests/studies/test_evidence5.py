@@ -14,8 +14,8 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.studies import report, stats
 from ecp_lm.studies.__main__ import main
-from ecp_lm.studies.mqar import MQARSpec, mqar_batch, query_logits
 from ecp_lm.studies.specs.evidence5 import DISTANCE_TASK, STUDY, reach
+from ecp_lm.training.mqar import MQARSpec, mqar_batch, query_logits
 
 TINY = STUDY.stages("tiny")["mechanism"]
 
@@ -70,7 +70,7 @@ def test_perceiver_ar_answers_from_the_query_and_not_from_the_answer():
 
 
 def test_a_query_the_model_does_not_predict_is_refused():
-    from ecp_lm.studies.mqar import _check_model
+    from ecp_lm.training.mqar import _check_model
 
     with pytest.raises(ValueError, match="predicts positions 32 on"):
         _check_model(perceiver(), MQARSpec(**{**DISTANCE_TASK, "query_start": 8}))

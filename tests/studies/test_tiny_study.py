@@ -20,9 +20,9 @@ from ecp_lm.data.sources import open_source
 from ecp_lm.evaluate import checkpoints
 from ecp_lm.studies import specs
 from ecp_lm.studies.__main__ import main
-from ecp_lm.studies.mqar import mqar_batch, unpack_queries
 from ecp_lm.studies.recall import task_specs
 from ecp_lm.studies.spec import Recall
+from ecp_lm.training.mqar import mqar_batch, unpack_queries
 from helpers import load_script
 
 pytestmark = pytest.mark.integration
@@ -255,7 +255,7 @@ def test_a_second_invocation_trains_nothing(study, monkeypatch, capsys):
     before = read(out / "report" / "tiny" / "verdicts.json")
     for target in ("ecp_lm.studies.language.select_job", "ecp_lm.studies.language.seed_job",
                    "ecp_lm.studies.anneal.annealed_curve", "ecp_lm.studies.recall.recall_job",
-                   "ecp_lm.studies.mqar.train_mqar", "ecp_lm.bench.core.step_seconds"):
+                   "ecp_lm.training.mqar.train_mqar", "ecp_lm.bench.core.step_seconds"):
         monkeypatch.setattr(target, no_training)
     assert main([*ARGV, "--out", str(out)]) == 0
     assert "# evidence4, budget tiny" in capsys.readouterr().out

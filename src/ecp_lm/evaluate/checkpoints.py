@@ -85,7 +85,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
     that token of the (cut) split, so that its first target is ``start + T - stride + 1``: two
     window lengths score the same targets when their starts differ by the difference of their
     first targets. ``documents``: the report adds ``documents``, the scored part of each of the
-    split's documents (``document_scores``)."""
+    split's documents (``document_scores``), or for a pixel dataset ``correct``, each image's
+    1 (right) or 0."""
     _check_eval_args(split, stride, batch_size, max_tokens)
     if isinstance(start, bool) or not isinstance(start, int) or start < 0:
         raise ValueError(f"start={start!r} must be an integer >= 0")
@@ -97,7 +98,8 @@ def evaluate_checkpoint(path: str | Path, split: str = "valid", stride: int | No
                              f"fixed length")
         x, y = load_pixel_dataset(cfg.data.source, data_path or cfg.data.path,
                                   seed=cfg.train.seed).splits[split]
-        return {**run.head, **classify(model, x, y, batch_size, run.device, run.context)}
+        return {**run.head, **classify(model, x, y, batch_size, run.device, run.context,
+                                       items=documents)}
     n = window_length(model, seq_len)
     tokenizer = run.ckpt.tokenizer()
     cache = _eval_cache(cfg, run.ckpt.directory, tokenizer, data_path, progress)

@@ -28,6 +28,7 @@ import math
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -173,20 +174,25 @@ def lm_report(nll_sum: float, tokens_scored: int, text: ScoredText) -> dict[str,
 @torch.no_grad()
 def classify(model: nn.Module, x: np.ndarray, y: np.ndarray, batch_size: int = 64,
              device: torch.device | str = "cpu",
-             autocast: AbstractContextManager | None = None) -> dict[str, float]:
-    """Mean cross-entropy and accuracy of a sequence classifier on (x, y)."""
+             autocast: AbstractContextManager | None = None, items: bool = False
+             ) -> dict[str, Any]:
+    """Mean cross-entropy and accuracy of a sequence classifier on (x, y); with ``items``,
+    ``correct`` too: each example's 1 (right) or 0, in order."""
     was_training = model.training
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum, correct, each = 0.0, 0, []
     for i in range(0, len(y), batch_size):
         inputs = torch.as_tensor(np.asarray(x[i:i + batch_size]), dtype=torch.long).to(device)
         labels = torch.as_tensor(np.asarray(y[i:i + batch_size]), dtype=torch.long).to(device)
         with autocast or nullcontext():
             logits = model(inputs).float()
         loss_sum += F.cross_entropy(logits, labels, reduction="sum").item()
-        correct += int((logits.argmax(-1) == labels).sum())
+        hits = logits.argmax(-1) == labels
+        correct += int(hits.sum())
+        each += hits.int().tolist() if items else []
     model.train(was_training)
-    return {"examples": len(y), "loss": loss_sum / len(y), "accuracy": correct / len(y)}
+    return {"examples": len(y), "loss": loss_sum / len(y), "accuracy": correct / len(y),
+            **({"correct": each} if items else {})}
 
 
 def window_length(model: nn.Module, seq_len: int | None = None) -> int:

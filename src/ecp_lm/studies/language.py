@@ -51,8 +51,8 @@ def select_job(stage: Stage, model: str, lr: float, seed: int, out: str) -> dict
     report = evaluate_checkpoint(run / "latest", "valid", max_tokens=task.select_tokens,
                                  progress=False)
     return {"model": model, "lr": lr, "seed": seed, "steps": task.select_steps,
-            "split": "valid", "bits_per_byte": report["bits_per_byte"],
-            "bytes_scored": report["bytes_scored"]}
+            "split": "valid", task.metric: report[task.metric],
+            "bytes_scored": report.get("bytes_scored")}
 
 
 def context_gain(path: Path, split: str, size: dict[str, Any], max_tokens: int | None,
@@ -82,9 +82,9 @@ def report_score(run: Path, stage: Stage, model: str) -> dict[str, Any]:
     task: Language = stage.task
     report = evaluate_checkpoint(run / "latest", "test", max_tokens=task.report_tokens,
                                  progress=False, documents=True)
-    out = {"split": "test", "bits_per_byte": report["bits_per_byte"],
-           "bytes_scored": report["bytes_scored"], "tokens_scored": report["tokens_scored"],
-           "documents": report["documents"]}
+    out = {"split": "test", task.metric: report[task.metric], **{
+        k: report[k] for k in ("bytes_scored", "tokens_scored", "documents", "correct")
+        if k in report}}
     if model in task.context_models:
         out["context_gain_bits"] = context_gain(run / "latest", "test", task.size,
                                                 task.report_tokens, report)
@@ -138,6 +138,13 @@ def split_bytes(source: str, split: str, limit: int | None = None) -> bytes:
     return data if limit is None else data[:limit]
 
 
+def chance_level(task: Language) -> float:
+    """Language: the bytes' unigram entropy; classification: 1 / classes + 0.02 (a margin)."""
+    if task.metric == "bits_per_byte":
+        return unigram_bits(task.source)
+    return 1 / task.size["num_classes"] + 0.02
+
+
 def unigram_bits(source: str) -> float:
     """The entropy of the training split's byte distribution, bits per byte: what a model
     that learned only the bytes' frequencies scores, the stage's chance level."""
@@ -169,17 +176,18 @@ def run_language(stage: Stage, out: Path, jobs: int, threads: int | None,
     with torch_threads(threads):
         times = step_times({m: (model_config(stage, m), task.train["batch_size"])
                             for m in stage.models}, out / "step_s.json")
-    chance = unigram_bits(task.source)
+    chance = chance_level(task)
 
     def trials(asked: dict[str, list[float]]) -> dict[str, dict[float, float]]:
         done = run_jobs([Job(trial_name(m, lr, s), select_job, (stage, m, lr, s, str(out)))
                          for m, rates in asked.items() for lr in rates
                          for s in stage.select_seeds], out, jobs, threads, progress)
-        return trial_means(done.values(), "bits_per_byte")
+        return trial_means(done.values(), task.metric)
 
-    chosen = select_all(stage.grid, list(stage.models), trials, True)
-    chosen = rescue(chosen, rescue_rates(chosen, lambda bits: bits >= chance), trials,
-                    stage.grid, True)
+    low = task.lower_is_better
+    chosen = select_all(stage.grid, list(stage.models), trials, low)
+    chosen = rescue(chosen, rescue_rates(chosen, lambda v: (v >= chance) == low), trials,
+                    stage.grid, low)
     lrs = {m: c["lr"] for m, c in chosen.items()}
     steps = equal_time_steps(stage, times)
     run_jobs([Job(f"runs/{m}/seed{s}", seed_job, (stage, m, s, lrs[m], str(out)))

@@ -1,5 +1,5 @@
-"""A recall stage: multi-query associative recall (``mqar``) at several depths, rates chosen
-on one set of held-out sequences, every reported accuracy from another.
+"""A recall stage: multi-query associative recall (``training.mqar``) at several depths, rates
+chosen on one set of held-out sequences, every reported accuracy from another.
 
 1. **rates**: trials at the selection depth, one per selection seed, each scored on the
    *selection* sequences; the mean chooses, the grid extended past an edge, a model at chance
@@ -25,7 +25,7 @@ from ecp_lm.studies.spec import Recall, Stage, model_config
 
 
 def task_specs(stage: Stage):
-    from ecp_lm.studies.mqar import MQARSpec, TrainSpec
+    from ecp_lm.training.mqar import MQARSpec, TrainSpec
 
     task: Recall = stage.task
     return MQARSpec(**task.task), TrainSpec(**task.train)
@@ -35,7 +35,7 @@ def recall_job(stage: Stage, model: str, depth: int, seed: int, lr: float, steps
                sequences: int, folder: str) -> dict[str, Any]:
     """Train one model and score it on the sequences of seed ``sequences``; a job stopped
     mid-training resumes from its last evaluation (``folder/train-state.pt``)."""
-    from ecp_lm.studies.mqar import train_mqar
+    from ecp_lm.training.mqar import train_mqar
 
     task: Recall = stage.task
     spec, train = task_specs(stage)

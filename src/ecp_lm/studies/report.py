@@ -94,20 +94,18 @@ def load_stage(stage: Stage, folder: Path) -> StageData:
             r.get("seed", 0)] = r[data.metric]
         data.selection_bytes = r.get("bytes_scored", data.selection_bytes)
     if language:
-        from ecp_lm.studies.language import compressors, unigram_bits
+        from ecp_lm.studies.language import chance_level, compressors
 
-        data.chance = unigram_bits(stage.task.source)
-        data.compressors = compressors(stage.task.source, stage.task.report_tokens)
-        last = data.values.get(data.final, {})
-        data.learned = {c: any(v < data.chance for v in seeds.values())
-                        for c, seeds in last.items()}
+        data.chance = chance_level(stage.task)
+        if data.metric == "bits_per_byte":
+            data.compressors = compressors(stage.task.source, stage.task.report_tokens)
     else:
         from ecp_lm.studies.recall import chance
 
         data.chance = chance(stage) + stage.task.chance_margin
-        last = data.values.get(data.final, {})
-        data.learned = {c: any(v > data.chance for v in seeds.values())
-                        for c, seeds in last.items()}
+    low = stage.task.lower_is_better
+    data.learned = {c: any((v < data.chance) == low for v in seeds.values())
+                    for c, seeds in data.values.get(data.final, {}).items()}
     return data
 
 
@@ -117,11 +115,13 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
     if language:
         for p in r["points"]:
             data.values.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
-                p["bits_per_byte"]
+                p[data.metric]
             if str(p["steps"]) == data.final and "documents" in p:
                 docs = p["documents"]
                 data.per_item[data.final, name, seed] = (
                     [v / math.log(2) for v in docs["nll"]], [float(b) for b in docs["bytes"]])
+            elif str(p["steps"]) == data.final and "correct" in p:
+                data.per_item[data.final, name, seed] = (p["correct"], [1.0] * len(p["correct"]))
             if "context_gain_bits" in p:
                 data.context.setdefault(str(p["steps"]), {}).setdefault(name, {})[seed] = \
                     p["context_gain_bits"]
@@ -130,7 +130,7 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
     for d, accuracy in r.get("accuracy_by_distance", {}).items():
         data.values.setdefault(f"d{d}", {}).setdefault(name, {})[seed] = accuracy
     if "per_query" in r:
-        from ecp_lm.studies.mqar import unpack_queries
+        from ecp_lm.training.mqar import unpack_queries
 
         correct = [float(c) for c in unpack_queries(r["per_query"])[0]]
         data.per_item[data.final, name, seed] = (correct, [1.0] * len(correct))
@@ -145,7 +145,7 @@ def add_timed(data: StageData, r: dict[str, Any], model: str, seed: int) -> None
     last = str(max(data.stage.task.points))
     [p] = r["points"]
     point = data.values.setdefault(f"time{last}", {})
-    point.setdefault(model, {})[seed] = p["bits_per_byte"]
+    point.setdefault(model, {})[seed] = p[data.metric]
     data.timed.setdefault(model, {})[seed] = {"steps": p["steps"], "train_s": r["train_s"]}
     ref = data.stage.reference
     point.setdefault(ref, {})[seed] = data.values[last][ref][seed]
@@ -352,7 +352,7 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
                 ) -> list[str]:
     ref = params[d.stage.reference]
     metric = "bits per byte (test split)" if d.metric == "bits_per_byte" else \
-        "accuracy (report sequences)"
+        f"accuracy ({'test split' if isinstance(d.stage.task, Language) else 'report sequences'})"
     at = f"{point} steps" if point.isdigit() else \
         f"{d.final} steps, the queries at distance {point[1:]}" if point.startswith("d") else \
         f"equal training time: {d.stage.reference} at {point[4:]} steps, " + ", ".join(
@@ -370,7 +370,7 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
         out.append(f"| {c_name}{learned} | {size} | {rate_text(d, model)} | "
                    f"{statistics.fmean(values):.4f} | {sd:.4f} | "
                    f"{', '.join(f'{v:.4f}' for _, v in sorted(seeds.items()))} |")
-    if isinstance(d.stage.task, Language):
+    if d.metric == "bits_per_byte":
         for name, bits in d.compressors.items():
             out.append(f"| {name} (reference) | — | — | {bits:.4f} | — | — |")
         out.append(f"| unigram entropy (chance) | — | — | {d.chance:.4f} | — | — |")

@@ -70,16 +70,16 @@ class Language:
 
 @dataclass(frozen=True)
 class Recall:
-    """Multi-query associative recall (``mqar``): rates chosen on one set of held-out
+    """Multi-query associative recall (``training.mqar``): rates chosen on one set of held-out
     sequences, every reported accuracy from another."""
 
     task: dict[str, Any]
-    """``mqar.MQARSpec`` fields."""
+    """``training.mqar.MQARSpec`` fields."""
     num_segments: int
     model: dict[str, Any]
     """Width fields shared by every model (d_model, n_heads)."""
     train: dict[str, Any]
-    """``mqar.TrainSpec`` fields beside steps, lr and seed."""
+    """``training.mqar.TrainSpec`` fields beside steps, lr and seed."""
     depths: tuple[int, ...]
     steps: int
     select_steps: int
@@ -200,7 +200,7 @@ def model_config(stage: Stage, name: str, depth: int | None = None) -> ModelConf
                          f"{', '.join(stage.models)}")
     task = stage.task
     if isinstance(task, Recall):
-        from ecp_lm.studies.mqar import MQARSpec
+        from ecp_lm.training.mqar import MQARSpec
 
         spec = MQARSpec(**task.task)
         size = dict(n_layers=depth, seq_len=spec.seq_len, num_segments=task.num_segments,

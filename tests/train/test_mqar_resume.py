@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from ecp_lm.config import ModelConfig
-from ecp_lm.studies.mqar import MQARSpec, TrainSpec, train_mqar
+from ecp_lm.training.mqar import MQARSpec, TrainSpec, train_mqar
 from helpers import run_child
 
 # The task and model of the old MQAR experiment's tiny budget: N = 64 in 8 segments of 8.
@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from ecp_lm.config import ModelConfig
-from ecp_lm.studies.mqar import train_mqar
+from ecp_lm.training.mqar import train_mqar
 from test_mqar_resume import MODEL, NUM_SEGMENTS, SEGMENT_LEN, SPEC, TRAIN
 torch.set_num_threads(1)
 cfg = ModelConfig(arch="ecp", vocab_size=SPEC.vocab_size, n_layers=2, seq_len=SPEC.seq_len,
@@ -95,7 +95,7 @@ def test_killed_and_resumed_equals_never_stopped(tmp_path):
 
 
 def test_another_runs_state_is_refused(tmp_path, monkeypatch):
-    import ecp_lm.studies.mqar as module
+    import ecp_lm.training.mqar as module
 
     cfg = ModelConfig(arch="ecp", vocab_size=SPEC.vocab_size, n_layers=2,
                       seq_len=SPEC.seq_len, num_segments=NUM_SEGMENTS, **MODEL)

@@ -12,7 +12,9 @@ import torch.nn.functional as F
 
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.studies import specs
-from ecp_lm.studies.mqar import (
+from ecp_lm.studies.recall import task_specs
+from ecp_lm.studies.spec import Recall
+from ecp_lm.training.mqar import (
     IGNORE,
     MQARSpec,
     TrainSpec,
@@ -24,8 +26,6 @@ from ecp_lm.studies.mqar import (
     train_mqar,
     unpack_queries,
 )
-from ecp_lm.studies.recall import task_specs
-from ecp_lm.studies.spec import Recall
 from helpers import sharpen
 
 SPEC = MQARSpec(seq_len=64, num_pairs=5, num_queries=3, d_min=17, d_max=32, num_keys=8,
