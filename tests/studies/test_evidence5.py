@@ -134,17 +134,44 @@ def test_the_primary_family_is_declared_within_the_limit():
     assert {(c.point, c.a) for c in mechanism} == {("d16", "ecp@L4")}
 
 
+def test_the_scifar_recipe_is_sized_without_its_files():
+    """``full``'s pixel stage is sCIFAR-10 as the research ran it (1,024 grayscale pixels, ten
+    classes, rates chosen on validation); its plan needs only the configs, not the images."""
+    from ecp_lm.studies.__main__ import works
+
+    stage = STUDY.stages("full")["pixels"]
+    assert (stage.task.source, stage.task.path, stage.task.metric) == (
+        "scifar10", "hf:uoft-cs/cifar10", "accuracy")
+    rows = works(stage)
+    assert {r["name"] for r in rows} == set(stage.models) and all(
+        (r["cfg"].seq_len, r["cfg"].num_classes, r["cfg"].vocab_size) == (1024, 10, 256)
+        for r in rows)
+    assert STUDY.stages("small")["pixels"].task.source == "mnist-5k"
+
+
 @pytest.mark.integration
-def test_the_tiny_budget_runs_and_reports_every_distance(tmp_path):
+def test_the_tiny_budget_runs_and_reports_every_distance_and_every_image(tmp_path):
+    """The mechanism and pixel stages at ``tiny`` (digits for the pixels), then the report:
+    every distance a point of every cell, each image's result kept on the test split, the rates
+    chosen on validation."""
     out = tmp_path / "ev5"
-    for stage in ("mechanism", "report"):
+    for stage in ("mechanism", "pixels", "report"):
         assert main(["evidence5", "--stage", stage, "--budget", "tiny", "--out", str(out),
                      "--quiet", "--jobs", "2", "--threads", "1"]) == 0
     verdicts = json.loads((out / "report" / "tiny" / "verdicts.json").read_text())
-    points = {(r["point"], r["model"]) for r in verdicts["runs"]}
+    points = {(r["point"], r["model"]) for r in verdicts["runs"] if r["stage"] == "mechanism"}
     assert points == {(p, c) for p in TINY.points() for c in TINY.cells()}
     assert "the queries at distance 32" in (out / "report" / "tiny" / "report.md").read_text()
     result = json.loads((out / "mechanism" / "tiny" / "runs" / "ecp" / "L2" / "seed0" /
                          "result.json").read_text())
     assert [sorted(c["accuracy_by_distance"], key=int) for c in result["curve"]] == \
         [["2", "4", "8", "16", "32"]] * len(result["curve"]) and len(result["curve"]) >= 2
+    pixels = json.loads((out / "pixels" / "tiny" / "runs" / "ecp" / "seed0" /
+                         "result.json").read_text())["points"][-1]
+    assert pixels["split"] == "test" and set(pixels["correct"]) <= {0, 1}
+    assert pixels["accuracy"] == pytest.approx(statistics.fmean(pixels["correct"]))
+    trial = json.loads((out / "pixels" / "tiny" / "select" / "ecp" / "lr0.001" /
+                        "result.json").read_text())
+    assert trial["split"] == "valid" and "accuracy" in trial
+    assert "pixels at 8 steps: accuracy (test split)" in (out / "report" / "tiny" /
+                                                          "report.md").read_text()

@@ -176,12 +176,19 @@ def time_steps(model, optimizer, tokens, spec: BenchSpec, loss=None) -> list[flo
 
 def step_seconds(cfg: ModelConfig, spec: BenchSpec) -> float:
     """The median of ``time_steps`` for a fresh ``cfg`` model (seed 0) under AdamW on random
-    windows of ``spec.batch_size`` x N + 1 tokens, on the CPU in float32."""
+    windows of ``spec.batch_size`` x N + 1 tokens, on the CPU in float32 (a classifier: its
+    cross-entropy on the first N tokens against random classes)."""
     torch.manual_seed(0)
     model = build_model(cfg)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
     tokens = torch.randint(0, cfg.vocab_size, (spec.batch_size, cfg.seq_len + 1))
-    return statistics.median(time_steps(model, optimizer, tokens, spec))
+    loss = None
+    if cfg.num_classes is not None:
+        labels = torch.randint(0, cfg.num_classes, (spec.batch_size,))
+
+        def loss(t: torch.Tensor) -> torch.Tensor:
+            return torch.nn.functional.cross_entropy(model(t[:, :-1]), labels)
+    return statistics.median(time_steps(model, optimizer, tokens, spec, loss))
 
 
 def synchronize(device: torch.device) -> None:

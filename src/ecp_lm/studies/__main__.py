@@ -23,8 +23,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("study", help=f"a live study ({', '.join(specs.NAMES)}: its spec is "
                    "ecp_lm/studies/specs/STUDY.py) or a .py file that defines STUDY")
     p.add_argument("--stage", required=True, help="a stage of the study (evidence4: language, "
-                   "recall; evidence5: mechanism, language, replication), report (the verdicts "
-                   "from what has run) or all (every stage, then the report)")
+                   "recall; evidence5: mechanism, language, replication, pixels), report (the "
+                   "verdicts from what has run) or all (every stage, then the report)")
     p.add_argument("--budget", default="small", help="the spec's budget: tiny (every code "
                    "path in minutes), small or full (default small)")
     p.add_argument("--out", default=None, help="the study's folder (default runs/STUDY); "

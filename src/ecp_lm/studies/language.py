@@ -29,7 +29,7 @@ def run_config(stage: Stage, model: str, seed: int, lr: float) -> RunConfig:
     task: Language = stage.task
     return RunConfig.from_dict({
         "model": model_config(stage, model).to_dict(),
-        "data": {"source": task.source, "tokenizer": "bytes"},
+        "data": {"source": task.source, "tokenizer": "bytes", "path": task.path},
         "train": {**task.train, "seed": seed, "lr": lr, "steps": max(task.points)}})
 
 

@@ -65,7 +65,10 @@ class Language:
     """Models also trained for the time the reference's last point took: steps = last ×
     (the reference's step time ÷ theirs), from step times measured side by side."""
     metric: str = "bits_per_byte"
+    """``bits_per_byte``, or ``accuracy`` for a pixel source (its size sets ``num_classes``)."""
     lower_is_better: bool = True
+    path: str | None = None
+    """Where the source's files are, for a source that needs them (``data.path``)."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,8 @@ primary contrasts sit at L = 4, d = 16 = 4m.
 **Language** (sympy-code, five seeds; ``replication``: enwiki-mini, three): Evidence III's
 curve's size (d 128, 4 layers, N = 2048, m = 256, 8,192 tokens a step; ECP 1.98 bits/byte at
 1,200 steps) to 1,600 steps, for ECP within 30% of xz. Llama's feed-forward width is matched.
+**Pixels**: sCIFAR-10 as the research ran it (1,024 grayscale pixels, 10 classes) at ``full``,
+where its files are; no package registry ships its images, so ``small`` runs mnist-5k (784).
 
 ``small`` is what this CPU can run; the other named rivals join at ``full``, sized for a GPU:
 Mamba and RWKV-4 train at a twentieth and a third of ECP's tokens/s here (docs/performance.md),
@@ -72,6 +74,19 @@ def corpora(models, size=SIZE, train=TRAIN, points=(800, 1600), select_steps=300
                                              ("replication", "enwiki-mini", SEEDS[:3])))
 
 
+PIXEL_MODELS = {**plain("ecp", "transformer", "perceiver_ar", "performer", "sparse_transformer",
+                      "longformer", "s2", "sliding_window"),
+                "sliding_window_tiles": MECHANISM["sliding_window_tiles"], **plain("xlstm")}
+PIXEL_TRAIN = dict(TRAIN, batch_size=16, warmup_steps=30, eval_every=200)
+
+
+def pixels(source, size, train=PIXEL_TRAIN, points=(300, 600), select_steps=150, path=None,
+           seeds=SEEDS, models=PIXEL_MODELS) -> Stage:
+    return Stage("pixels", Language(source, dict(size, num_classes=10), train, points,
+                                    select_steps, metric="accuracy", lower_is_better=False,
+                                    path=path), models, seeds, Grid((1e-3, 2e-3, 4e-3), 2.0))
+
+
 def reach(model: str, depth: int, m: int, window: int, n: int) -> int:
     """How far back (in positions) a query can see at ``depth`` layers, by the model's
     definition: the receptive field drawn on the mechanism plot."""
@@ -99,10 +114,20 @@ STUDY = Study(
                      dict(TRAIN, batch_size=2, warmup_steps=1, eval_every=4,
                           checkpoint_every=2, log_every=1, eval_max_tokens=1024),
                      (4, 8), 4, Grid((1e-3, 4e-3), 4.0, extensions=1), 2048),
+            pixels("digits", dict(d_model=32, n_layers=2, n_heads=2, seq_len=64, num_segments=4),
+                   dict(PIXEL_TRAIN, batch_size=4, warmup_steps=1, eval_every=4,
+                        checkpoint_every=2, log_every=1), (4, 8), 4, seeds=(0, 1),
+                   models={m: PIXEL_MODELS[m] for m in ("ecp", "transformer", "perceiver_ar")}),
         ),
-        "small": (mechanism(3000, MECHANISM), *corpora(LANGUAGE)),
+        "small": (mechanism(3000, MECHANISM), *corpora(LANGUAGE),
+                  pixels("mnist-5k", dict(d_model=64, n_layers=4, n_heads=4, seq_len=784,
+                                          num_segments=7))),
         "full": (mechanism(6000, {**MECHANISM, **NAMED}),
-                 *corpora({**LANGUAGE, "mamba": NAMED["mamba"], "rwkv4": NAMED["rwkv4"]})),
+                 *corpora({**LANGUAGE, "mamba": NAMED["mamba"], "rwkv4": NAMED["rwkv4"]}),
+                 pixels("scifar10", dict(d_model=128, n_layers=4, n_heads=4, seq_len=1024,
+                                         num_segments=8),
+                        dict(PIXEL_TRAIN, batch_size=50, warmup_steps=900, eval_every=900),
+                        (2700, 5400), 900, "hf:uoft-cs/cifar10")),
     },
     primary=(
         Contrast.pair("mechanism", "ecp@L4", "sliding_window_tiles@L4", "d16"),
