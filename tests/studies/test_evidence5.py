@@ -92,6 +92,9 @@ def write_runs(folder, accuracies):
             "model": model, "n_layers": depth, "seed": seed, "lr": 1e-3, "steps": 30,
             "eval_seed": 1, "accuracy": statistics.fmean(correct), "loss": 1.0,
             "s_per_step": 0.01, "accuracy_by_distance": {str(d): a for d, a in per.items()},
+            "curve": [{"step": step, "accuracy_by_distance": {str(d): a - late for d, a in
+                                                              per.items()}}
+                      for step, late in ((0, 0.5), (20, 0.2), (24, 0.1 * (1 + seed)), (30, 0))],
             "per_query": {"correct": "".join(map(str, correct)),
                           "loss": " ".join("1" for _ in correct),
                           "distance": " ".join(map(str, distances))}}))
@@ -120,6 +123,9 @@ def test_the_report_reads_each_distance_as_a_point(tmp_path):
     assert primary["estimate"] == pytest.approx(mean["ecp@L4"] - mean["sliding_window_tiles@L4"])
     low, high = primary["bootstrap"]
     assert low <= primary["estimate"] <= high
+    text = report.report_markdown(STUDY, "tiny", analysis, {"mechanism": data}, tmp_path)
+    # ECP's accuracy at d ≤ 2m = 8 rose by 0.1·(1 + seed) from step 24 (80% of 30) to 30
+    assert "- L = 2: +0.100, +0.200\n- L = 4: +0.100, +0.200" in text
 
 
 def test_the_primary_family_is_declared_within_the_limit():

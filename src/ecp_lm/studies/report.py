@@ -57,6 +57,8 @@ class StageData:
     compressors: dict[str, float] = field(default_factory=dict)
     """Language: bits per byte of general-purpose compressors on the reported test bytes."""
     run_rates: dict[str, float] = field(default_factory=dict)
+    curves: dict[str, dict[int, list[dict[str, Any]]]] = field(default_factory=dict)
+    """Recall: {cell: {seed: its held-out curve}} where the results keep it."""
     timed: dict[str, dict[int, dict[str, float]]] = field(default_factory=dict)
     """{model: {seed: {"steps", "train_s"}}} of the equal-time runs."""
 
@@ -127,6 +129,8 @@ def add_result(data: StageData, r: dict[str, Any], name: str, seed: int,
                     p["context_gain_bits"]
         return
     data.values.setdefault(str(r["steps"]), {}).setdefault(name, {})[seed] = r["accuracy"]
+    if "curve" in r:
+        data.curves.setdefault(name, {})[seed] = r["curve"]
     for d, accuracy in r.get("accuracy_by_distance", {}).items():
         data.values.setdefault(f"d{d}", {}).setdefault(name, {})[seed] = accuracy
     if "per_query" in r:
@@ -425,6 +429,29 @@ def context_lines(d: StageData) -> list[str]:
     return [*out, ""]
 
 
+def plateau_lines(d: StageData) -> list[str]:
+    """Recall with distances: how much the reference's held-out accuracy at d ≤ 2m rose over
+    the last fifth of its training, per depth and seed (whether it had stopped improving)."""
+    task = d.stage.task
+    distances = task.task.get("distances", ()) if not isinstance(task, Language) else ()
+    m = task.task["seq_len"] // task.num_segments if distances else 0
+    near = [str(x) for x in distances if x <= 2 * m]
+    if not near:
+        return []
+    out = ["### Training length", "", f"{d.stage.reference}'s held-out accuracy at distances "
+           f"{', '.join(near)} (≤ 2m) at the last evaluation minus at the first at or past 80% "
+           f"of the {task.steps} steps, by seed:", ""]
+    for depth in task.depths:
+        rises = []
+        for _, curve in sorted(d.curves.get(cell(d.stage.reference, depth), {}).items()):
+            late = [p for p in curve if p["step"] >= 0.8 * task.steps]
+            first, last = (statistics.fmean(p["accuracy_by_distance"][x] for x in near)
+                           for p in (late[0], late[-1]))
+            rises.append(f"{last - first:+.3f}")
+        out.append(f"- L = {depth}: {', '.join(rises) or 'no curve stored'}")
+    return [*out, ""]
+
+
 def rate_text(d: StageData, model: str) -> str:
     trials = d.trials.get(model)
     if not trials:
@@ -478,7 +505,7 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
             lines += [f"{d.undeclared} run(s) at seeds the spec does not declare are left "
                       f"out.", ""]
     for d in data.values():
-        lines += context_lines(d)
+        lines += context_lines(d) + plateau_lines(d)
     secondary = [r for r in rows if r["family"] == "secondary"]
     lines += ["## Secondary comparisons", "",
               "Unadjusted 95% intervals, never called.", "",
