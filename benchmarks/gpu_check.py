@@ -26,8 +26,9 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
 - ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm,
   slstm, performer) at the paper width, forward and backward under bf16 autocast, batch 1, at T =
   2k, 8k, 32k, with its chunked PyTorch form and with flash-linear-attention's kernels (``fla``,
-  where installed): the time of each, the largest difference of fla's output from the chunked
-  form's, relative to the output's largest magnitude, and the faster of the two beside the one
+  where installed; mamba: mamba-ssm's selective scan, ``mamba_ssm``): the time of each, the
+  largest difference of the library's output from the chunked form's, relative to the output's
+  largest magnitude, and the faster of the two beside the one
   ``auto`` picks (``fastest``); then one training step of each mixer (paper width, 2 layers, T = 2k,
   bf16) eager with ``auto`` and compiled (``train.compile``, where fla cannot run: the chunked
   kernel), tokens/s of each (``steps``).
@@ -240,7 +241,8 @@ def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[]
             def autocast() -> Any:
                 return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-            for kernel in ("chunked", "fla"):
+            library = "mamba_ssm" if name == "mamba" else "fla"  # mamba-ssm's scan for mamba
+            for kernel in ("chunked", library):
                 case = {"arch": name, "seq_len": seq_len, "kernel": kernel}
                 with autocast():
                     problem = kernel_problem(arch, kernel, x, 0.0, True)
@@ -265,8 +267,8 @@ def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[]
                 rows.append({**case, "ms": timed[kernel] * 1e3})
             if len(outputs) == 2:
                 scale = outputs["chunked"].abs().max().clamp_min(1e-12)
-                diff = (outputs["fla"] - outputs["chunked"]).abs().max() / scale
-                rows.append({"arch": name, "seq_len": seq_len, "kernel": "fla vs chunked",
+                diff = (outputs[library] - outputs["chunked"]).abs().max() / scale
+                rows.append({"arch": name, "seq_len": seq_len, "kernel": f"{library} vs chunked",
                              "relative_difference": float(diff)})
             if timed:
                 with autocast():

@@ -53,7 +53,8 @@ OPTIONS: dict[str, tuple[str, ...]] = {"forget_gate": ("sigmoid", "exp"),
 """The choices of one architecture's own (``Architecture.options``), each unset by default."""
 MLPS = ("gelu", "swiglu")
 GLOBAL_ROPE_MODES = ("all", "none")
-ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "reference")
+ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "mamba_ssm",
+              "reference")
 
 
 @dataclass
@@ -188,9 +189,10 @@ class ModelConfig:
     an explicit kernel that cannot run a call raises ValueError. The recurrent mixers have their
     own: ``chunked`` (the chunkwise-parallel form in PyTorch, any device), ``fla``
     (flash-linear-attention's Triton kernels, CUDA, the ``fla`` extra; ``auto`` takes it where it
-    is installed, for bf16 and fp16 compute and not under torch.compile) and ``reference`` (the
-    token-by-token recurrence); a hybrid with recurrent layers takes ``auto`` or
-    ``reference``."""
+    is installed, for bf16 and fp16 compute and not under torch.compile), ``mamba_ssm``
+    (mamba's selective scan from mamba-ssm's CUDA kernel, the ``mamba`` extra, under the same
+    rules) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent layers
+    takes ``auto`` or ``reference``."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""

@@ -82,10 +82,12 @@ def test_measurements_run_on_the_cpu(tmp_path):
              "compressive", "routing")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
-    skipped = {c["arch"]: c["skipped"] for c in mixers["cases"] if c["kernel"] == "fla"}
+    skipped = {c["arch"]: c["skipped"] for c in mixers["cases"]
+               if c["kernel"] in ("fla", "mamba_ssm")}
     assert skipped == {**{a: "flash-linear-attention's kernels run on CUDA, not cpu"
                           for a in archs[:3]},
-                       **{a: f"arch={a!r} has no 'fla' kernel" for a in archs[3:]}}
+                       **{a: f"arch={a!r} has no 'fla' kernel" for a in archs[3:]},
+                       "mamba": "mamba-ssm's selective scan runs on CUDA, not cpu"}
     assert "| mamba2 | 256 | chunked |" in done.stdout
     assert mixers["fastest"] == {a: {"256": {"fastest": "chunked", "auto_picks": "chunked"}}
                                  for a in archs}

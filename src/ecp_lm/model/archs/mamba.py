@@ -20,10 +20,16 @@ uniform in ±R^{−1/2} and its bias such that softplus(bias) spreads log-unifor
 0.1 over the channels. The block is the skeleton's (pre-norm, the attention's place, then the
 skeleton's feed-forward): Mamba's own stacks mixers without a feed-forward between them; the
 difference is listed in the docs.
+
+On CUDA, with the ``mamba`` extra installed, ``mamba_ssm`` runs the scan with mamba-ssm's
+``selective_scan_fn`` (``auto`` takes it for bf16 and fp16 compute, never under torch.compile,
+as fla for the other mixers); its scan starts from a zero state, so a chunk into a filled cache
+runs the chunked form.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Any
 
@@ -36,10 +42,14 @@ from ecp_lm.model.archs.recurrent import (
     Recurrent,
     RecurrentMixer,
     ShortConv,
+    compute_dtype,
     log_spaced,
     wide,
 )
 from ecp_lm.model.kernels import selective_scan
+
+MAMBA_SSM_DEVICES = ("cuda",)
+"""The device types mamba-ssm's selective scan runs on."""
 
 
 def dt_rank(d_model: int) -> int:
@@ -50,7 +60,21 @@ def dt_rank(d_model: int) -> int:
 class Mamba(Recurrent):
     size_fields = ("mixer_width", "state_size", "conv_size", "chunk_size")
     default_chunk = 16
-    kernels = ("chunked",)  # no fla kernel: the selective scan's state is per channel and state
+    kernels = ("mamba_ssm", "chunked")  # fla has no kernel for a state per channel and state
+
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
+        # as fla for the other mixers: the library's kernel for 16-bit compute only
+        if compute_dtype(q) in (torch.bfloat16, torch.float16):
+            return self.kernels
+        return ("chunked",)
+
+    def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
+        if kernel == "mamba_ssm":
+            if q.device.type not in MAMBA_SSM_DEVICES:
+                return f"mamba-ssm's selective scan runs on CUDA, not {q.device.type}"
+            if importlib.util.find_spec("mamba_ssm") is None:
+                return "mamba-ssm is not installed (pip install 'ecp-lm[mamba]')"
+        return super().kernel_limit(kernel, q, dropout_p)
 
     @classmethod
     def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
@@ -107,7 +131,9 @@ class MambaMixer(RecurrentMixer):
         a = -torch.exp(wide(self.A_log))
         xs, b, c = wide(x), wide(b), wide(c)
         start = None if state is None else state["ssm"]
-        if kernel == "chunked":
+        if kernel == "mamba_ssm" and start is None:
+            y, final = selective_scan.scan_mamba_ssm(xs, dt, a, b, c)
+        elif kernel in ("chunked", "mamba_ssm"):  # mamba-ssm's scan starts from zero only
             y, final = selective_scan.scan_chunked(xs, dt, a, b, c, self.chunk, start)
         else:
             y, final = selective_scan.scan_recurrent(xs, dt, a, b, c, start)

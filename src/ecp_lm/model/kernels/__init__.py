@@ -29,6 +29,9 @@ from torch import Tensor
 
 from ecp_lm.model.kernels import flex, native
 
+LIBRARIES = {"fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm"}
+"""The kernels that come from another library, by the library's name."""
+
 if TYPE_CHECKING:
     from ecp_lm.model.archs.base import Architecture
 
@@ -68,11 +71,12 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
         return None
     if kernel not in arch.kernels:
         return f"arch={arch.cfg.arch!r} has no {kernel!r} kernel"
-    if kernel == "fla" and (torch.compiler.is_compiling() if compiling is None else compiling):
-        return ("flash-linear-attention's kernels cannot be compiled into one graph (they "
-                "disable torch.compile at their entry points): compile with attn_impl=chunked "
-                "or auto (which takes the chunked kernel there), or run fla uncompiled "
-                "(train.compile=false; ecp bench without --compile)")
+    if kernel in ("fla", "mamba_ssm") and (torch.compiler.is_compiling() if compiling is None
+                                           else compiling):
+        return (f"{LIBRARIES[kernel]}'s kernels cannot be compiled into one graph (their entry "
+                f"points leave torch.compile's graph): compile with attn_impl=chunked or auto "
+                f"(which takes the chunked kernel there), or run {kernel} uncompiled "
+                f"(train.compile=false; ecp bench without --compile)")
     if kernel == "native":
         if q.device.type != "cpu":
             return f"the native kernel runs on CPU, not {q.device.type}"

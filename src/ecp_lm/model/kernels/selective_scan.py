@@ -9,6 +9,8 @@ state, shared by the channels),
 lies in (0, 1], so nothing overflows in any order of evaluation.
 
 - ``scan_recurrent``: token by token (the definition, and one decoding step);
+- ``scan_mamba_ssm``: mamba-ssm's CUDA selective scan (``selective_scan_fn``), from a zero
+  state, on CUDA where the ``mamba`` extra is installed;
 - ``scan_chunked``: chunks of L tokens, each scanned in log₂ L parallel steps (Hillis and
   Steele: the pairs (a, b) of h ↦ a·h + b composed in a doubling tree), all chunks at once;
   then each chunk's start state from the one before, and every h_t from its chunk's. Time
@@ -33,6 +35,19 @@ def scan_recurrent(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor,
         h = torch.exp(step * a) * h + (step * x[:, t, :, None]) * b[:, t, None, :]
         out.append((h * c[:, t, None, :]).sum(-1))
     return torch.stack(out, dim=1), h
+
+
+def scan_mamba_ssm(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor
+                   ) -> tuple[Tensor, Tensor]:
+    """``scan_recurrent``'s result from a zero state by mamba-ssm's ``selective_scan_fn``. Its
+    layout puts time last: u and Δ (B, E, T), B and C (B, N, T); Δ goes in as computed (no
+    bias, no softplus there), and the caller adds D·x and the gate (none passed)."""
+    from mamba_ssm.ops.selective_scan_interface import selective_scan_fn
+
+    y, last = selective_scan_fn(*(t.transpose(1, 2).contiguous() for t in (x, dt)),
+                                a.contiguous(), *(t.transpose(1, 2).contiguous() for t in (b, c)),
+                                return_last_state=True)
+    return y.transpose(1, 2), last
 
 
 def scan_chunked(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, chunk: int,
