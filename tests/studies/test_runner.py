@@ -99,6 +99,47 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
     assert not list(tmp_path.glob("j*/result.json"))
 
 
+CTRL_C = """
+import sys
+sys.path.insert(0, {tests!r})
+from pathlib import Path
+from ecp_lm.studies.runner import Job, run_jobs
+from test_runner import sleeper
+try:
+    run_jobs([Job(f"j{{i}}", sleeper, ({out!r}, i % 2)) for i in range(6)], Path({out!r}),
+             workers=2)
+except KeyboardInterrupt:
+    sys.exit(130)
+"""
+
+
+def test_ctrl_c_stops_the_workers_at_once_not_after_the_queued_jobs(tmp_path):
+    """SIGINT to the process group, as a terminal sends it, while two workers run and four
+    jobs wait: the invocation ends within seconds, its workers with it, and nothing is written
+    (each job goes on from its own checkpoint when the stage runs again)."""
+    script = CTRL_C.format(tests=str(Path(__file__).parent), out=str(tmp_path))
+    parent = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    try:
+        pids = [tmp_path / f"worker{i}.pid" for i in range(2)]
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pids) and \
+                time.monotonic() < deadline:
+            assert parent.poll() is None
+            time.sleep(0.2)
+        workers = [int(p.read_text()) for p in pids]
+        os.killpg(parent.pid, signal.SIGINT)
+        assert parent.wait(timeout=30) == 130
+        deadline = time.monotonic() + 20
+        while any(alive(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(alive(pid) for pid in workers)
+        assert not list(tmp_path.glob("j*/result.json"))
+    finally:  # whatever failed, nothing of it goes on sleeping
+        if parent.poll() is None:
+            os.killpg(parent.pid, signal.SIGKILL)
+            parent.wait()
+
+
 def test_step_times_are_kept_only_when_they_cover_every_model(tmp_path, monkeypatch):
     measured = []
 

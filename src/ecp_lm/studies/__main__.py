@@ -47,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:
         print(f"{p.prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"{p.prog}: interrupted; the same command goes on where it stopped",
+              file=sys.stderr)
+        return 130
 
 
 def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:

@@ -5,7 +5,8 @@ A job is a name and a module-level function with its arguments. Its result is wr
 ``DIR/<name>/result.json`` when it completes, and a job whose result exists is read back, not
 run again, so an interrupted stage resumes where it stopped (each job resumes its own training
 from its last checkpoint). A worker exits as soon as the process that started it is gone, even
-by SIGKILL, so no orphan goes on writing into a stage that a later invocation runs again.
+by SIGKILL, so no orphan goes on writing into a stage that a later invocation runs again; on
+Ctrl-C (or a job that fails) the workers are stopped at once, not after the jobs still queued.
 """
 
 from __future__ import annotations
@@ -84,14 +85,23 @@ def run_jobs(jobs: list[Job], out: Path, workers: int = 1, threads: int | None =
                 finish(job, _run(job, threads))
         elif todo:
             context = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(workers, mp_context=context, initializer=_follow_parent,
-                                     initargs=(os.getpid(),)) as pool:
+            pool = ProcessPoolExecutor(workers, mp_context=context, initializer=_follow_parent,
+                                       initargs=(os.getpid(),))
+            try:
                 running: dict[Future, Job] = {pool.submit(_run, job, threads): job
                                               for job in todo}
                 while running:
                     done, _ = wait(running, return_when=FIRST_COMPLETED)
                     for future in done:
                         finish(running.pop(future), future.result())
+            except BaseException:
+                # A pool left by an exception would wait for every queued job: stop them
+                # now (each resumes from its own checkpoint when the stage runs again).
+                for process in list((pool._processes or {}).values()):
+                    process.kill()
+                pool.shutdown(wait=False, cancel_futures=True)
+                raise
+            pool.shutdown()
     finally:
         bar.close()
     return {job.name: results[job.name] for job in jobs}
