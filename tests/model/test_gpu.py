@@ -27,9 +27,12 @@ CUDA_KERNELS = [(arch, impl) for arch in ARCHS
 
 @pytest.fixture(autouse=True)
 def fla_where_named(request):
-    """A recurrent mixer's fla cases need flash-linear-attention (pip install fla-core)."""
+    """A recurrent mixer's fla cases need flash-linear-attention (pip install fla-core), and
+    mamba's mamba_ssm cases mamba-ssm (pip install 'ecp-lm[mamba]')."""
     if "fla" in request.node.name:
         pytest.importorskip("fla")
+    if "mamba_ssm" in request.node.name:
+        pytest.importorskip("mamba_ssm")
 
 
 @pytest.mark.parametrize(("arch", "impl"), CUDA_KERNELS)
