@@ -100,7 +100,10 @@ def test_workers_exit_when_the_parent_is_killed(tmp_path):
 
 
 CTRL_C = """
+import signal
 import sys
+# as a terminal starts a command: SIGINT raises (this process may inherit it ignored)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 sys.path.insert(0, {tests!r})
 from pathlib import Path
 from ecp_lm.studies.runner import Job, run_jobs
