@@ -230,3 +230,24 @@ def assert_cached_generation_is_uncached(model, prompt, steps: int) -> None:
 
     assert torch.equal(generate(model, prompt, steps),
                        generate(model, prompt, steps, use_cache=False))
+
+
+def stand_in(monkeypatch, root, package: str):
+    """A CPU stand-in of a CUDA library (``root``/``package``) imported in its place, as a
+    generator for a fixture: yields the stand-in's ``CALLS`` list, emptied; afterwards the
+    package's modules are dropped again, so no other test sees it."""
+    import importlib
+    import sys
+
+    def drop() -> None:
+        for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
+            del sys.modules[name]
+
+    drop()
+    monkeypatch.syspath_prepend(str(root))
+    importlib.invalidate_caches()
+    module = importlib.import_module(package)
+    assert module.__version__ == "0.0.stand-in"
+    module.CALLS.clear()
+    yield module.CALLS
+    drop()

@@ -15,15 +15,13 @@ each computing its recurrence token by token in float64 from fla's own definitio
 
 from __future__ import annotations
 
-import importlib
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from ecp_lm.model.archs import recurrent
-from helpers import RECURRENT, random_tokens, sharp_model
+from helpers import RECURRENT, random_tokens, sharp_model, stand_in
 
 STAND_IN = Path(__file__).resolve().parents[1] / "fla_stand_in"
 GATES = {"chunk_simple_gla": ("g",), "chunk_gated_delta_rule": ("g",),
@@ -38,23 +36,15 @@ FLA_MIXERS = tuple(a for a in RECURRENT if a in ENTRY)
 """The mixers fla has a kernel for (RWKV-4 has none: it runs its chunked form on CUDA too)."""
 
 
-def _drop_fla_modules() -> None:
-    for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
-        del sys.modules[name]
-
-
 @pytest.fixture
 def fla(monkeypatch):
     """The stand-in installed, on the CPU: its ``CALLS`` list, emptied."""
-    _drop_fla_modules()
-    monkeypatch.syspath_prepend(str(STAND_IN))
-    importlib.invalidate_caches()
     monkeypatch.setattr(recurrent, "FLA_DEVICES", ("cuda", "cpu"))
-    module = importlib.import_module("fla")
-    assert recurrent.fla_installed() and module.__version__ == "0.0.stand-in"
-    module.CALLS.clear()
-    yield module.CALLS
-    _drop_fla_modules()
+    installed = stand_in(monkeypatch, STAND_IN, "fla")
+    calls = next(installed)
+    assert recurrent.fla_installed()
+    yield calls
+    next(installed, None)  # the stand-in dropped
 
 
 def _dtypes(call: dict) -> dict[str, torch.dtype | None]:

@@ -13,7 +13,6 @@ computed token by token in float64 from its documented definition).
 from __future__ import annotations
 
 import importlib
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,28 +20,16 @@ import torch
 
 from ecp_lm.model.archs import mamba as mamba_arch
 from ecp_lm.model.kernels import choose_kernel
-from helpers import random_tokens, sharp_model
+from helpers import random_tokens, sharp_model, stand_in
 
 STAND_IN = Path(__file__).resolve().parents[1] / "mamba_ssm_stand_in"
-
-
-def _drop() -> None:
-    for name in [m for m in sys.modules if m == "mamba_ssm" or m.startswith("mamba_ssm.")]:
-        del sys.modules[name]
 
 
 @pytest.fixture
 def mamba_ssm(monkeypatch):
     """The stand-in installed, on the CPU: its ``CALLS`` list, emptied."""
-    _drop()
-    monkeypatch.syspath_prepend(str(STAND_IN))
-    importlib.invalidate_caches()
     monkeypatch.setattr(mamba_arch, "MAMBA_SSM_DEVICES", ("cuda", "cpu"))
-    module = importlib.import_module("mamba_ssm")
-    assert module.__version__ == "0.0.stand-in"
-    module.CALLS.clear()
-    yield module.CALLS
-    _drop()
+    yield from stand_in(monkeypatch, STAND_IN, "mamba_ssm")
 
 
 def pair():
