@@ -120,3 +120,42 @@ def test_another_runs_state_is_refused(tmp_path, monkeypatch):
                    checkpoint=state)
     _, result = train_mqar(cfg, SPEC, train, SEGMENT_LEN, checkpoint=state)
     assert [p["step"] for p in result["curve"]] == [0, 10, 20] and not state.exists()
+
+
+def test_a_field_added_at_its_default_keeps_the_state(tmp_path, monkeypatch):
+    """A later release's config has one more field, at its default: a state saved before it
+    is still this run's own."""
+    import dataclasses
+
+    import ecp_lm.training.mqar as module
+
+    @dataclasses.dataclass
+    class LaterConfig(ModelConfig):
+        later_field: int = 0
+
+    common = dict(arch="ecp", vocab_size=SPEC.vocab_size, n_layers=2, seq_len=SPEC.seq_len,
+                  num_segments=NUM_SEGMENTS, **MODEL)
+    train = replace(TRAIN, steps=20, eval_every=10)
+    state = tmp_path / "train-state.pt"
+    real = module._save_state
+
+    class StopError(Exception):
+        pass
+
+    def save_and_stop(*args):
+        real(*args)
+        raise StopError
+
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "_save_state", save_and_stop)
+        with pytest.raises(StopError):
+            train_mqar(ModelConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
+    _, result = train_mqar(LaterConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
+    assert [p["step"] for p in result["curve"]] == [0, 10, 20] and not state.exists()
+    with monkeypatch.context() as patch:
+        patch.setattr(module, "_save_state", save_and_stop)
+        with pytest.raises(StopError):
+            train_mqar(ModelConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
+    with pytest.raises(ValueError, match="state of another run"):
+        train_mqar(LaterConfig(**common, later_field=1), SPEC, train, SEGMENT_LEN,
+                   checkpoint=state)

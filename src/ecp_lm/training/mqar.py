@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -281,6 +281,19 @@ def accuracy_by_offset(correct: Tensor, batch: MQARBatch, segment_len: int
     return accuracy_by(correct, segment_offset(batch, segment_len))
 
 
+def _set_fields(obj: Any) -> dict[str, Any]:
+    """The fields of a dataclass that differ from their defaults: a run's identity, which a
+    field added later at its default leaves unchanged."""
+    out = {}
+    for f in fields(obj):
+        default = (f.default if f.default is not MISSING else f.default_factory()
+                   if f.default_factory is not MISSING else MISSING)
+        value = getattr(obj, f.name)
+        if default is MISSING or value != default:
+            out[f.name] = value
+    return out
+
+
 def _save_state(path: Path, setup: str, step: int, model: LanguageModel,
                 optimizer: torch.optim.Optimizer, stream: torch.Generator, curve: list,
                 elapsed: float) -> None:
@@ -317,10 +330,11 @@ def train_mqar(cfg: ModelConfig, spec: MQARSpec, train: TrainSpec, segment_len: 
     curve: list[dict[str, float]] = []
     recent: list[float] = []
     first, elapsed = 0, 0.0
-    setup = repr((cfg.to_dict(), asdict(spec), asdict(train)))
+    setup = repr(tuple(_set_fields(part) for part in (cfg, spec, train)))
     if checkpoint is not None and checkpoint.exists():
         state = torch.load(checkpoint, weights_only=True)
-        if state["setup"] != setup:
+        # a state written by an earlier release names every field, defaults too
+        if state["setup"] not in (setup, repr((cfg.to_dict(), asdict(spec), asdict(train)))):
             raise ValueError(f"{checkpoint} is the state of another run (another model, task "
                              f"or schedule): move it away to train this one from the start")
         model.load_state_dict(state["model"])
