@@ -54,7 +54,7 @@ OPTIONS: dict[str, tuple[str, ...]] = {"forget_gate": ("sigmoid", "exp"),
 MLPS = ("gelu", "swiglu")
 GLOBAL_ROPE_MODES = ("all", "none")
 ATTN_IMPLS = ("auto", "native", "flash", "mask", "flex", "chunked", "fla", "mamba_ssm",
-              "reference")
+              "mlstm_kernels", "reference")
 
 
 @dataclass
@@ -191,7 +191,8 @@ class ModelConfig:
     (flash-linear-attention's Triton kernels, CUDA, the ``fla`` extra; ``auto`` takes it where it
     is installed, for bf16 and fp16 compute and not under torch.compile), ``mamba_ssm``
     (mamba's selective scan from mamba-ssm's CUDA kernel, the ``mamba`` extra, under the same
-    rules) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent layers
+    rules), ``mlstm_kernels`` (mlstm's cell from mlstm-kernels' Triton kernels, the ``xlstm``
+    extra, under the same rules) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent layers
     takes ``auto`` or ``reference``."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions

@@ -13,7 +13,8 @@ one that runs a call.
 - ``mask``: SDPA with a small static boolean mask, batched over blocks (any device, dropout);
   sdpa.py.
 - ``auto``: the fastest of the architecture's kernels that can run the call.
-- ``fla`` and ``chunked``: a recurrent mixer's (archs/recurrent.py).
+- ``fla`` and ``chunked``: a recurrent mixer's (archs/recurrent.py); ``mamba_ssm`` (mamba) and
+  ``mlstm_kernels`` (mlstm) another library's for one mixer.
 
 An architecture lists its own fast kernels (``Architecture.kernels``) and runs them
 (``Architecture.attend``); ``reference`` and ``flex`` need only its predicate. An explicit choice
@@ -29,7 +30,8 @@ from torch import Tensor
 
 from ecp_lm.model.kernels import flex, native
 
-LIBRARIES = {"fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm"}
+LIBRARIES = {"fla": "flash-linear-attention", "mamba_ssm": "mamba-ssm",
+             "mlstm_kernels": "mlstm-kernels"}
 """The kernels that come from another library, by the library's name."""
 
 if TYPE_CHECKING:
@@ -71,7 +73,7 @@ def kernel_problem(arch: Architecture, kernel: str, q: Tensor, dropout_p: float,
         return None
     if kernel not in arch.kernels:
         return f"arch={arch.cfg.arch!r} has no {kernel!r} kernel"
-    if kernel in ("fla", "mamba_ssm") and (torch.compiler.is_compiling() if compiling is None
+    if kernel in LIBRARIES and (torch.compiler.is_compiling() if compiling is None
                                            else compiling):
         return (f"{LIBRARIES[kernel]}'s kernels cannot be compiled into one graph (their entry "
                 f"points leave torch.compile's graph): compile with attn_impl=chunked or auto "
