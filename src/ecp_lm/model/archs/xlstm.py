@@ -28,10 +28,18 @@ Differences from xLSTM's code, to stay on the shared skeleton: the block norms a
 skeleton's LayerNorm; the up-projection widths of the gated feed-forward round to multiples of
 8, not 64. Decoding keeps, per mLSTM layer, C, n and m per head and the convolution's tail;
 per sLSTM layer h, c, n and m per channel and the convolution's tail.
+
+On CUDA, with the ``xlstm`` extra installed, ``mlstm_kernels`` runs the mLSTM cell with
+mlstm-kernels' chunkwise Triton kernel (``kernels.mlstm.mlstm_library``; ``auto`` takes it for
+bf16 and fp16 compute, never under torch.compile, as fla for the other mixers). The library has
+the sigmoid forget gate only: with ``forget_gate: exp`` it is refused. A chunk into a filled
+state starts the kernel from that state; a start state that needs gradients runs the chunked
+form (the library's backward gives none for its n and m).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from typing import Any
 
@@ -40,8 +48,20 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from ecp_lm.model.archs.base import ArchConfig
-from ecp_lm.model.archs.recurrent import Recurrent, RecurrentMixer, ShortConv, heads_of, wide
+from ecp_lm.model.archs.recurrent import (
+    Recurrent,
+    RecurrentMixer,
+    ShortConv,
+    compute_dtype,
+    heads_of,
+    wide,
+)
 from ecp_lm.model.kernels import mlstm, slstm
+
+MLSTM_KERNELS_DEVICES = ("cuda",)
+"""The device types mlstm-kernels' Triton kernels run on."""
+MLSTM_KERNELS_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+"""The compute dtypes mlstm-kernels' Triton kernels take."""
 
 QKV_BLOCK = 4
 """The mLSTM's q, k and v maps are block-diagonal with blocks of this size (its code's
@@ -88,8 +108,29 @@ class _Cell(Recurrent):
 class MLSTM(_Cell):
     size_fields = ("conv_size", "chunk_size")
     default_chunk = 16
-    kernels = ("chunked",)
+    kernels = ("mlstm_kernels", "chunked")
     has_feed_forward = False
+
+    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
+        # as fla for the other mixers: the library's kernel for 16-bit compute only
+        if compute_dtype(q) in (torch.bfloat16, torch.float16):
+            return self.kernels
+        return ("chunked",)
+
+    def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
+        if kernel == "mlstm_kernels":
+            if (self.cfg.forget_gate or "sigmoid") != "sigmoid":
+                return (f"mlstm-kernels has the sigmoid forget gate only, not "
+                        f"forget_gate={self.cfg.forget_gate} (run it with attn_impl=chunked)")
+            if q.device.type not in MLSTM_KERNELS_DEVICES:
+                return f"mlstm-kernels' Triton kernels run on CUDA, not {q.device.type}"
+            if importlib.util.find_spec("mlstm_kernels") is None:
+                return ("mlstm-kernels is not installed (pip install 'ecp-lm[xlstm]', "
+                        "Python 3.11 or later)")
+            if compute_dtype(q) not in MLSTM_KERNELS_DTYPES:
+                return (f"mlstm-kernels computes in float32, bfloat16 or float16, not "
+                        f"{compute_dtype(q)}")
+        return super().kernel_limit(kernel, q, dropout_p)
 
     @classmethod
     def check(cls, cfg: ArchConfig) -> None:
@@ -156,7 +197,11 @@ class MLSTMLayer(RecurrentMixer):
         i_pre, f_pre = i_pre.transpose(1, 2), f_pre.transpose(1, 2)  # (B, H, T)
         log_f = F.logsigmoid(f_pre) if self.forget == "sigmoid" else f_pre
         start = None if state is None else (state["c"], state["n"], state["m"])
-        if kernel == "chunked":
+        if kernel == "mlstm_kernels" and not (start is not None and torch.is_grad_enabled()
+                                              and any(s.requires_grad for s in start)):
+            y, (cs, ns, ms) = mlstm.mlstm_library(q, k, v, i_pre, f_pre, start,
+                                                  compute_dtype(u))
+        elif kernel in ("chunked", "mlstm_kernels"):  # the library: no gradient for n and m
             y, (cs, ns, ms) = mlstm.mlstm_chunked(q, k, v, i_pre, log_f, self.chunk, start)
         else:
             y, (cs, ns, ms) = mlstm.mlstm_recurrent(q, k, v, i_pre, log_f, start)

@@ -15,7 +15,9 @@ zero state (m = 0) is an empty one.
 - ``mlstm_chunked``: chunks of L tokens at once: within a chunk the log-weight of token j at t
   is b_t − b_j + ĩ_j (b the cumulative log forget gate), the state before the chunk carries
   b_t + m; each row is normalised by its largest; the states at the chunks' starts come from
-  one pass over the chunks' sums. Time O(T·L) per head and channel pair.
+  one pass over the chunks' sums. Time O(T·L) per head and channel pair;
+- ``mlstm_library``: mlstm-kernels' chunkwise kernel (``KERNEL``, its Triton kernel), the
+  sigmoid forget gate only, on CUDA where the ``xlstm`` extra is installed.
 
 ``normaliser="sum"`` divides by n_tᵀq̂_t itself (positive when q and k are, the features of
 FAVOR+'s causal attention, which passes log f = 0: no forgetting); the default ``"mlstm"`` by
@@ -28,10 +30,22 @@ n (B, H, K), m (B, H)).
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 EPS = 1e-6
 State = tuple[Tensor, Tensor, Tensor]
+KERNEL = "chunkwise--triton_xl_chunk"
+"""The mlstm-kernels chunkwise kernel ``mlstm_library`` runs (``get_mlstm_kernel``'s name): its
+Triton kernel for large chunks (``xl_chunk``). ``chunkwise--native_autograd`` is the library's
+PyTorch form of the same computation, with the same signature."""
+LIBRARY_CHUNK = 128
+"""The chunk ``mlstm_library`` hands the library's kernel: the Triton kernel's own default. It
+takes a sequence below 128 tokens as one chunk of a power of two (16, 32 or 64 tokens)."""
+PAD_GATE = 1e4
+"""The gates of the tokens ``mlstm_library`` appends: input pre-activation −PAD_GATE (nothing
+written; k = v = 0 as well), forget pre-activation +PAD_GATE (log σ = 0 in float32: nothing
+forgotten), so the state after them is the state after the last real token."""
 
 
 def empty_state(k: Tensor, v: Tensor) -> State:
@@ -117,3 +131,55 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, log_f: Tensor, size:
     num = p @ v + carried * (q @ s_c)
     qn = p.sum(-1) + carried[..., 0] * (q * s_n[..., None, :]).sum(-1)
     return normalise(num, qn, rows, normaliser).reshape(b, h, t, dv), (c, n, m)
+
+
+def library_length(t: int, chunk: int | None = None) -> int:
+    """The length mlstm-kernels' chunkwise kernel runs ``t`` tokens at in chunks of ``chunk``
+    (a power of two, at least 16; None: ``LIBRARY_CHUNK``): below one chunk the next power of
+    two, at least 16 (the Triton kernel takes a shorter sequence as one chunk of such a
+    length); from there whole chunks."""
+    chunk = LIBRARY_CHUNK if chunk is None else chunk
+    if t >= chunk:
+        return -(-t // chunk) * chunk
+    return max(16, 1 << (t - 1).bit_length())
+
+
+def mlstm_library(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, f_pre: Tensor,
+                  state: State | None = None, dtype: torch.dtype | None = None,
+                  chunk: int | None = None) -> tuple[Tensor, State]:
+    """``mlstm_recurrent``'s result with the sigmoid forget gate, by mlstm-kernels' chunkwise
+    kernel ``KERNEL`` in chunks of ``chunk`` (None: ``LIBRARY_CHUNK``). ``f_pre`` is the forget
+    gate's pre-activation: the library applies log σ itself. Its state is this module's (C and
+    n scaled by e^{−m}, q̂ = q/√K, ε = EPS outside max(|n'ᵀq̂|, e^{−m})), with m as (B, H, 1).
+
+    The kernel needs whole chunks (``library_length``): the sequence is padded at its end with
+    tokens that change nothing (``PAD_GATE``) and the outputs cut back. q, k and v go in
+    ``dtype`` (the run's compute dtype; None: q's), the gates and the state in float32, with
+    autocast off around the call: the library's autograd function would otherwise cast every
+    input, gates and state too, to one dtype. The output comes back in q's dtype, the state in
+    float32. The Triton kernel's backward gives no gradient for the start state's n and m
+    (zeros) and takes none from the last state's n and m."""
+    from mlstm_kernels.torch import get_mlstm_kernel
+
+    t, chunk = q.shape[2], LIBRARY_CHUNK if chunk is None else chunk
+    length = library_length(t, chunk)
+    pad = length - t
+    dtype = q.dtype if dtype is None else dtype
+
+    def products(x: Tensor) -> Tensor:
+        return F.pad(x.to(dtype), (0, 0, 0, pad))  # zero rows at the end
+
+    def gate(x: Tensor, value: float) -> Tensor:
+        return F.pad(x.to(torch.float32), (0, pad), value=value)
+
+    starts = (None, None, None) if state is None else (
+        state[0].to(torch.float32), state[1].to(torch.float32),
+        state[2].to(torch.float32)[..., None])
+    kernel = get_mlstm_kernel(KERNEL)
+    with torch.autocast(q.device.type, enabled=False):
+        h, (c, n, m) = kernel(q=products(q), k=products(k), v=products(v),
+                              i=gate(i_pre, -PAD_GATE), f=gate(f_pre, PAD_GATE),
+                              c_initial=starts[0], n_initial=starts[1], m_initial=starts[2],
+                              return_last_states=True, eps=EPS, chunk_size=min(chunk, length))
+    return h[:, :, :t].to(q.dtype), (c.to(torch.float32), n.to(torch.float32),
+                                      m[..., 0].to(torch.float32))
