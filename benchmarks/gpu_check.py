@@ -25,10 +25,11 @@ Sections (each runs on its own: a failure is recorded in the JSON and the others
   bandwidth floor (``ecp_lm.bench.decode.run_decode_modes``);
 - ``mixers``: one layer of each recurrent mixer (mamba2, gated_deltanet, rwkv7, rwkv4, mamba, mlstm,
   slstm, performer) at the paper width, forward and backward under bf16 autocast, batch 1, at T =
-  2k, 8k, 32k, with its chunked PyTorch form and with flash-linear-attention's kernels (``fla``,
-  where installed; mamba: mamba-ssm's selective scan, ``mamba_ssm``): the time of each, the
-  largest difference of the library's output from the chunked form's, relative to the output's
-  largest magnitude, and the faster of the two beside the one
+  2k, 8k, 32k, with its chunked PyTorch form and with its library kernel where installed
+  (``fla``: flash-linear-attention's, rwkv4 and performer included; mamba: mamba-ssm's selective
+  scan, ``mamba_ssm``; mlstm: mlstm-kernels' chunkwise kernel, ``mlstm_kernels``): the time of
+  each, the largest difference of the library's output from the chunked form's, relative to the
+  output's largest magnitude, and the faster of the two beside the one
   ``auto`` picks (``fastest``); then one training step of each mixer (paper width, 2 layers, T = 2k,
   bf16) eager with ``auto`` and compiled (``train.compile``, where fla cannot run: the chunked
   kernel), tokens/s of each (``steps``).
@@ -220,7 +221,7 @@ def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[]
                    ) -> dict[str, Any]:
     from ecp_lm.config import ModelConfig
     from ecp_lm.model.archs import architecture
-    from ecp_lm.model.kernels import choose_kernel, kernel_problem
+    from ecp_lm.model.kernels import LIBRARIES, choose_kernel, kernel_problem
 
     spec = size["spec"]
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -241,7 +242,8 @@ def mixers_section(device: torch.device, size: dict[str, Any], left: Callable[[]
             def autocast() -> Any:
                 return torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
 
-            library = "mamba_ssm" if name == "mamba" else "fla"  # mamba-ssm's scan for mamba
+            libraries = [k for k in arch.kernels if k in LIBRARIES]  # fla, mamba_ssm, ...
+            library = libraries[0] if libraries else "fla"  # fla's refusal says why not
             for kernel in ("chunked", library):
                 case = {"arch": name, "seq_len": seq_len, "kernel": kernel}
                 with autocast():

@@ -1,13 +1,14 @@
 """What the recurrent mixers hand flash-linear-attention, checked on the CPU through a stand-in
-(tests/fla_stand_in: fla's three entry points with its signatures, layouts and dtype demands,
+(tests/fla_stand_in: fla's five entry points with its signatures, layouts and dtype demands,
 each computing its recurrence token by token in float64 from fla's own definition).
 
 - the model on the stand-in computes what it computes on the chunked kernel, forward and
   backward, from a fresh state and from a filled one (layouts, state transposes, scales and the
   meaning of each argument);
-- q, k, v (RWKV-7's r, k, v, a, b; Gated DeltaNet's beta too) arrive in the run's compute dtype,
-  bf16 under bf16 autocast and float32 without, the log-gates and the state in float32, in every
-  mixer and in a hybrid of all three;
+- q, k, v (RWKV-7's r, k, v, a, b; Gated DeltaNet's beta too; the Performer's features) arrive
+  in the run's compute dtype, bf16 under bf16 autocast and float32 without, the log-gates and
+  the state in float32 (all of RWKV-4's WKV, which computes in float32), in every mixer and in
+  a hybrid of them;
 - ``auto`` takes fla for 16-bit compute only, and never where torch.compile traces; an explicit
   ``fla`` with ``train.compile`` is refused before anything is traced, and a compiled step with
   ``auto`` (``ecp bench --compile`` too) runs the chunked kernel.
@@ -25,15 +26,20 @@ from helpers import RECURRENT, random_tokens, sharp_model, stand_in
 
 STAND_IN = Path(__file__).resolve().parents[1] / "fla_stand_in"
 GATES = {"chunk_simple_gla": ("g",), "chunk_gated_delta_rule": ("g",),
-         "chunk_rwkv7": ("w",)}
-"""Each entry point's log-decays, which go in float32."""
+         "chunk_rwkv7": ("w",), "fused_recurrent_rwkv4": ("w", "u", "k", "v", "state"),
+         "chunk_linear_attn": ()}
+"""Each entry point's inputs that go in float32: log-decays, states, and all of RWKV-4's (its
+kernel has no products and computes in float32)."""
 PRODUCTS = {"chunk_simple_gla": ("q", "k", "v"), "chunk_gated_delta_rule": ("q", "k", "v", "beta"),
-            "chunk_rwkv7": ("r", "k", "v", "a", "b")}
+            "chunk_rwkv7": ("r", "k", "v", "a", "b"), "fused_recurrent_rwkv4": (),
+            "chunk_linear_attn": ("q", "k", "v")}
 """Each entry point's inputs that go in the run's compute dtype."""
 ENTRY = {"mamba2": "chunk_simple_gla", "gated_deltanet": "chunk_gated_delta_rule",
-         "rwkv7": "chunk_rwkv7"}
+         "rwkv7": "chunk_rwkv7", "rwkv4": "fused_recurrent_rwkv4",
+         "performer": "chunk_linear_attn"}
 FLA_MIXERS = tuple(a for a in RECURRENT if a in ENTRY)
-"""The mixers fla has a kernel for (RWKV-4 has none: it runs its chunked form on CUDA too)."""
+"""The mixers fla has a kernel for (Mamba's state per channel and state, and xLSTM's cells,
+have none)."""
 
 
 @pytest.fixture
@@ -60,7 +66,7 @@ def _assert_contract(calls: list[dict], compute: torch.dtype, names: set[str]) -
             assert dtypes[arg] == compute, (call["name"], arg, dtypes)
         for arg in GATES[call["name"]]:
             assert dtypes[arg] == torch.float32, (call["name"], arg, dtypes)
-        assert dtypes["initial_state"] in (None, torch.float32), (call["name"], dtypes)
+        assert dtypes.get("initial_state") in (None, torch.float32), (call["name"], dtypes)
 
 
 def _pair(arch: str, **overrides):
@@ -96,17 +102,18 @@ def test_a_chunk_into_a_filled_state_reads_the_state_fla_wrote(fla, arch):
             model.prefill(tokens[:, :12], caches)
             outs.append(model.hidden_states(tokens[:, 12:], caches, 12))
     torch.testing.assert_close(outs[0], outs[1], atol=2e-5, rtol=2e-5)
-    assert any(c["args"]["initial_state"] is not None for c in fla)
+    assert any(c["args"].get("initial_state", c["args"].get("state")) is not None for c in fla)
     _assert_contract(fla, torch.float32, {ENTRY[arch]})
 
 
-@pytest.mark.parametrize("pattern", [*FLA_MIXERS, "mamba2,gated_deltanet,rwkv7,transformer"])
+@pytest.mark.parametrize("pattern", [*FLA_MIXERS,
+                                     "mamba2,gated_deltanet,rwkv7,rwkv4,performer,transformer"])
 def test_under_bf16_autocast_auto_hands_fla_bf16_products_and_float32_gates(fla, pattern):
     """A bf16 training step with ``auto``: every fla call gets its products in bf16 (one dtype,
     as fla's kernels need), its log-decays and state in float32; the step's loss is finite and
     every parameter gets a gradient."""
     arch, layers = (pattern, {}) if "," not in pattern else (
-        "hybrid", {"layer_pattern": pattern, "n_layers": 4})
+        "hybrid", {"layer_pattern": pattern, "n_layers": len(pattern.split(","))})
     model = sharp_model(arch, **layers).train()
     with torch.autocast("cpu", dtype=torch.bfloat16):
         loss = model.loss(random_tokens(2, 17, seed=1))
@@ -154,16 +161,16 @@ def test_train_compile_with_fla_is_refused_before_tracing(fla, tmp_path):
 
 def test_a_compiled_step_with_auto_runs_the_chunked_kernel(fla):
     """``ecp bench --compile`` (and train.compile) with auto where fla is installed: one
-    compiled bf16 training step of a hybrid of the three mixers, on the chunked kernel; fla is
+    compiled bf16 training step of a hybrid of the fla mixers, on the chunked kernel; fla is
     never called."""
     from ecp_lm.bench.core import BenchSpec
     from ecp_lm.bench.training import run_case
 
-    spec = BenchSpec(d_model=32, n_layers=3, n_heads=2, segment_len=16, warmup=0, repeats=1,
+    spec = BenchSpec(d_model=32, n_layers=len(FLA_MIXERS), n_heads=2, segment_len=16, warmup=0, repeats=1,
                      compile=True, precision="bf16", attention_share=False)
     torch._dynamo.reset()
     try:
-        row = run_case("hybrid(mamba2,gated_deltanet,rwkv7)", 64, spec)
+        row = run_case(f"hybrid({','.join(FLA_MIXERS)})", 64, spec)
     finally:
         torch._dynamo.reset()
     assert row["compiled"] and row["step_s"] > 0

@@ -1,4 +1,4 @@
-"""A stand-in for flash-linear-attention (``fla``) on the CPU, for tests only: the three entry
+"""A stand-in for flash-linear-attention (``fla``) on the CPU, for tests only: the five entry
 points ecp-lm calls, with fla's signatures, layouts ((B, T, H, D) inputs, (B, H, K, V) states)
 and its one demand on dtypes (its Triton products take q, k and v, and RWKV-7's a and b, in one
 dtype; its outputs come back in q's dtype, its final states in float32), each wrapped in

@@ -20,6 +20,13 @@ every ``feature_redraw`` steps (``LanguageModel.at_step``): draw d of layer ℓ 
 generator seeded by the layer's seed, ℓ and d, so a resumed run draws what an uninterrupted
 one did; in evaluation the saved features are used as they are.
 
+On CUDA with the ``fla`` extra, ``fla`` runs the prefix sums with flash-linear-attention's
+``chunk_linear_attn`` (``auto``: bf16 and fp16 compute, never under torch.compile): the values
+carry a column of ones, so one state holds both sums; the keys' features are scaled by the
+largest exponent of the call (and of the state before it), the one stabiliser the kernel
+admits, so a key far below it counts as zero (as in the paper's code, which scales by the
+largest over the whole input).
+
 No positions enter (no RoPE), as in the paper's causal language models with FAVOR+: the
 order is the prefix sums'.
 """
@@ -33,7 +40,15 @@ import torch
 from torch import Tensor, nn
 
 from ecp_lm.model.archs.base import ArchConfig
-from ecp_lm.model.archs.recurrent import Recurrent, RecurrentMixer, heads_of, merge_heads, wide
+from ecp_lm.model.archs.recurrent import (
+    Recurrent,
+    RecurrentMixer,
+    compute_dtype,
+    fla_layout,
+    heads_of,
+    merge_heads,
+    wide,
+)
 from ecp_lm.model.kernels import mlstm
 
 
@@ -57,7 +72,7 @@ def orthogonal_features(m: int, k: int, generator: torch.Generator) -> Tensor:
 class Performer(Recurrent):
     size_fields = ("num_features", "feature_redraw", "chunk_size")
     default_chunk = 32
-    kernels = ("chunked",)
+    kernels = ("fla", "chunked")
 
     @classmethod
     def defaults(cls, cfg: ArchConfig) -> dict[str, Any]:
@@ -131,7 +146,39 @@ class FavorAttention(RecurrentMixer):
         fk = torch.exp(fk - top[..., None])
         keep = torch.zeros_like(top)  # log f = 0: nothing forgotten
         start = None if state is None else (state["s"], state["z"], state["scale"])
+        if kernel == "fla":
+            o, (s, z, scale) = favor_fla(fq, fk, top, v, start, compute_dtype(u))
+            return self.out_proj(merge_heads(o).to(u.dtype)), {"s": s, "z": z, "scale": scale}
         run = mlstm.mlstm_chunked if kernel == "chunked" else mlstm.mlstm_recurrent
         args = (self.chunk,) if kernel == "chunked" else ()
         o, (s, z, scale) = run(fq, fk, v, top, keep, *args, start, normaliser="sum")
         return self.out_proj(merge_heads(o).to(u.dtype)), {"s": s, "z": z, "scale": scale}
+
+
+def favor_fla(fq: Tensor, fk: Tensor, top: Tensor, v: Tensor, start: mlstm.State | None,
+              dtype: torch.dtype) -> tuple[Tensor, mlstm.State]:
+    """The prefix sums on flash-linear-attention's ``chunk_linear_attn`` (CUDA): query features
+    ``fq``, key features ``fk`` scaled by e^{−top} (B, H, T, M), values v (B, H, T, K), from a
+    state (S e^{−m}, z e^{−m}, m) as the chunked kernel keeps it. q, k and v go in ``dtype``
+    (fla's products take one), the state in float32; returns the outputs (B, H, T, K) in float32
+    and the state after the last token, scaled by the largest exponent met."""
+    from fla.ops.linear_attn import chunk_linear_attn
+
+    kd = v.shape[-1]
+    if start is None:
+        s0 = None
+        high = top.amax(-1)
+    else:
+        c, n, before = start
+        before = before.masked_fill((n == 0).all(-1), float("-inf"))  # an empty state: no scale
+        high = torch.maximum(before, top.amax(-1))
+        s0 = (torch.cat([c, n[..., None]], dim=-1) * torch.exp(before - high)[..., None, None])
+        s0 = wide(s0).contiguous()
+    keys = fk * torch.exp(top - high[..., None])[..., None]
+    values = torch.cat([v, torch.ones_like(v[..., :1])], dim=-1)  # the last column sums z
+    o, final = chunk_linear_attn(fla_layout(fq, dtype), fla_layout(keys, dtype),
+                                 fla_layout(values, dtype), scale=1.0, initial_state=s0,
+                                 output_final_state=True, normalize=False)
+    o = wide(o.transpose(1, 2))
+    out = o[..., :kd] / o[..., kd].clamp_min(torch.finfo(o.dtype).tiny)[..., None]
+    return out, (final[..., :kd], final[..., kd], high)

@@ -18,6 +18,10 @@ the channel mix, over its own token shift of the block's second norm's output:
 the decay spread from −5 to 3 over the channels, the bonus log 0.3 with a zigzag, the mixes
 powers of the channel's rank.
 
+On CUDA with the ``fla`` extra, ``fla`` runs the WKV with flash-linear-attention's
+``fused_recurrent_rwkv4`` (``auto`` takes it for bf16 and fp16 compute, never under
+torch.compile); ``chunked`` runs everywhere.
+
 One difference from RWKV-4, to stay on the shared skeleton: the first layer has no extra
 LayerNorm on the embeddings (RWKV-4's ``ln0``; the skeleton's embedding goes straight into the
 first block, as it does for every architecture). A layer's decoding state is what RWKV-4's
@@ -48,7 +52,7 @@ class RWKV4(Recurrent):
     default_chunk = 8
     """A row's scores are a chunk's (L + 1 per channel): at 8 the CPU's fastest, about
     RWKV-7's speed at the same sizes, with half the sequential steps of 4."""
-    kernels = ("chunked",)  # flash-linear-attention has no RWKV-4 kernel: chunked on CUDA too
+    kernels = ("fla", "chunked")  # fla: flash-linear-attention's fused_recurrent_rwkv4
 
     def mixer(self, cfg: ArchConfig, layer: int) -> nn.Module:
         return TimeMix(cfg, self, layer)
@@ -110,7 +114,9 @@ class TimeMix(RecurrentMixer):
         r = self.receptance(mixed(x, prev, mr))
         w, u = -torch.exp(wide(self.time_decay)), wide(self.time_first)
         start = None if state is None else (state["num"], state["den"], state["top"])
-        if kernel == "chunked":
+        if kernel == "fla":
+            y, (num, den, top) = wkv4.wkv4_fla(wide(self.time_decay), u, k, v, start)
+        elif kernel == "chunked":
             y, (num, den, top) = wkv4.wkv4_chunked(w, u, k, v, self.chunk, start)
         else:
             y, (num, den, top) = wkv4.wkv4_recurrent(w, u, k, v, start)

@@ -19,6 +19,9 @@ Two kernels, the same function:
   matrix per channel (the state before the chunk one more column), normalised by each row's
   maximum; the states at the chunks' starts come from one pass over the chunks' sums. Time
   and memory O(T·L) per channel.
+- ``wkv4_fla``: flash-linear-attention's ``fused_recurrent_rwkv4`` (CUDA, Triton): the stable
+  recurrence token by token, one program per batch row and block of channels. Its state is
+  this one, (num, den, top) as (α, β, ε).
 
 Layout: k, v (B, T, C); w, u (C,); a state is (num, den, top), each (B, C).
 """
@@ -57,6 +60,27 @@ def wkv4_recurrent(w: Tensor, u: Tensor, k: Tensor, v: Tensor, state: State | No
         a, b = torch.exp(old - high), torch.exp(kt - high)
         num, den, top = a * num + b * vt, a * den + b, high
     return torch.stack(out, dim=1), (num, den, top)
+
+
+EMPTY_TOP = -1e38
+"""An empty state's maximum as fla's kernel takes it: finite (−∞ there would give its backward
+0·∞), low enough that e^{top − x} is 0 for any exponent x met."""
+
+
+def wkv4_fla(decay: Tensor, u: Tensor, k: Tensor, v: Tensor, state: State | None = None
+             ) -> tuple[Tensor, State]:
+    """``wkv4_recurrent``'s result from flash-linear-attention's Triton kernel, which takes the
+    decay's parameter (w = −exp(decay) inside, its gradient through it), k and v (B, T, C) and
+    the state stacked (B, 3, 1, C); float32 throughout (the kernel computes in float32)."""
+    from fla.ops.rwkv4 import fused_recurrent_rwkv4
+
+    num, den, top = start_state(state, k)
+    top = torch.where(den > 0, top, torch.full_like(top, EMPTY_TOP))
+    start = torch.stack([num, den, top], dim=1).unsqueeze(2).float().contiguous()
+    y, final = fused_recurrent_rwkv4(decay.float().contiguous(), u.float().contiguous(),
+                                     k.float().contiguous(), v.float().contiguous(), start)
+    num, den, top = final[:, :, 0].unbind(1)
+    return y, (num, den, top)
 
 
 def wkv4_chunked(w: Tensor, u: Tensor, k: Tensor, v: Tensor, chunk: int,
