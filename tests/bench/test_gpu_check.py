@@ -82,12 +82,16 @@ def test_measurements_run_on_the_cpu(tmp_path):
              "compressive", "routing")
     assert {(c["arch"], c["kernel"]) for c in mixers["cases"] if "ms" in c} == {
         (arch, "chunked") for arch in archs}
-    skipped = {c["arch"]: c["skipped"] for c in mixers["cases"]
-               if c["kernel"] in ("fla", "mamba_ssm")}
-    assert skipped == {**{a: "flash-linear-attention's kernels run on CUDA, not cpu"
-                          for a in archs[:3]},
-                       **{a: f"arch={a!r} has no 'fla' kernel" for a in archs[3:]},
-                       "mamba": "mamba-ssm's selective scan runs on CUDA, not cpu"}
+    skipped = {c["arch"]: (c["kernel"], c["skipped"]) for c in mixers["cases"]
+               if c["kernel"] != "chunked"}
+    fla = "flash-linear-attention's kernels run on CUDA, not cpu"
+    assert {a: skipped[a] for a in ("mamba2", "gated_deltanet", "rwkv7", "rwkv4", "performer")
+            } == {a: ("fla", fla) for a in ("mamba2", "gated_deltanet", "rwkv7", "rwkv4",
+                                            "performer")}
+    assert skipped["mamba"] == ("mamba_ssm", "mamba-ssm's selective scan runs on CUDA, not cpu")
+    assert skipped["mlstm"][0] == "mlstm_kernels" and "CUDA" in skipped["mlstm"][1]
+    assert {a: skipped[a] for a in ("slstm", "compressive", "routing")} == {
+        a: ("fla", f"arch={a!r} has no 'fla' kernel") for a in ("slstm", "compressive", "routing")}
     assert "| mamba2 | 256 | chunked |" in done.stdout
     assert mixers["fastest"] == {a: {"256": {"fastest": "chunked", "auto_picks": "chunked"}}
                                  for a in archs}

@@ -15,6 +15,7 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.config import ARCHS, HYBRID
 from ecp_lm.model import archs
+from ecp_lm.model.kernels import LIBRARIES
 from helpers import random_tokens, sharp_model
 
 SRC = Path(__file__).resolve().parents[2] / "src" / "ecp_lm"
@@ -202,8 +203,8 @@ def test_every_kernel_of_every_architecture_equals_the_reference(arch, native_ke
     tokens = random_tokens(2, 33 if ref.arch.max_len is None else 29)
     expected = ref.loss(tokens)
     expected.backward()
-    # fla and mamba-ssm run on CUDA only: tests/model/test_gpu.py checks them there
-    kernels = [k for k in archs.architecture(arch).kernels if k not in ("fla", "mamba_ssm")]
+    # the libraries' kernels run on CUDA only: tests/model/test_gpu.py checks them there
+    kernels = [k for k in archs.architecture(arch).kernels if k not in LIBRARIES]
     assert kernels, arch
     for kernel in kernels:
         fast = sharp_model(arch, attn_impl=kernel).double()

@@ -27,12 +27,15 @@ CUDA_KERNELS = [(arch, impl) for arch in ARCHS
 
 @pytest.fixture(autouse=True)
 def fla_where_named(request):
-    """A recurrent mixer's fla cases need flash-linear-attention (pip install fla-core), and
-    mamba's mamba_ssm cases mamba-ssm (pip install 'ecp-lm[mamba]')."""
+    """A recurrent mixer's fla cases need flash-linear-attention (pip install fla-core),
+    mamba's mamba_ssm cases mamba-ssm (pip install 'ecp-lm[mamba]'), and mlstm's
+    mlstm_kernels cases mlstm-kernels (pip install 'ecp-lm[xlstm]')."""
     if "fla" in request.node.name:
         pytest.importorskip("fla")
     if "mamba_ssm" in request.node.name:
         pytest.importorskip("mamba_ssm")
+    if "mlstm_kernels" in request.node.name:
+        pytest.importorskip("mlstm_kernels")
 
 
 @pytest.mark.parametrize(("arch", "impl"), CUDA_KERNELS)
