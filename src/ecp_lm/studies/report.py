@@ -29,7 +29,7 @@ from typing import Any
 from ecp_lm.studies import stats
 from ecp_lm.studies.rates import choice
 from ecp_lm.studies.runner import read_json
-from ecp_lm.studies.spec import Contrast, Language, Stage, Study, cell, model_config
+from ecp_lm.studies.spec import Contrast, CostClaim, Language, Stage, Study, cell, model_config
 
 PARAMETER_TOLERANCE = 0.02
 MIN_SELECTION_BYTES = 1_000_000
@@ -248,11 +248,60 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
             "seeds": {n: list(d.stage.seeds) for n, d in data.items()},
             "parameters": {n: {m: parameter_count(d.stage, m) for m in d.stage.models}
                            for n, d in data.items()},
+            "cost_claims": [cost_claim(c) for c in study.cost_claims],
             "fits": {f"{s}/{p}": {"residual_sd": f.residual_variance ** 0.5, "df": f.df,
                                   "cells": list(f.models), "seeds": list(f.seeds),
                                   "bartlett_p": stats.bartlett(by_cell(groups[s, p])),
                                   "pooled": f.pooled}
                      for (s, p), f in fits.items()}}
+
+
+CLAIM_SLACK = 0.005
+"""A cost claim holds in a convention where the fraction is at most the claimed one plus half a
+percentage point (a claim of 12% holds for 12.4%, not for 12.6%)."""
+
+
+def cost_claim(c: CostClaim) -> dict[str, Any]:
+    """A cost claim checked at its preset's sizes: the fraction of full attention in score
+    entries and in tiles, whether each holds, and the smallest S (a divisor of N) at which
+    each would."""
+    from ecp_lm.bench.complexity import attention_cost
+    from ecp_lm.config import PRESETS, ModelConfig
+
+    size = {**PRESETS[c.preset], "arch": c.arch}
+    cost = attention_cost(ModelConfig(**size))
+    n = size["seq_len"]
+    at_s = {s: attention_cost(ModelConfig(**{**size, "num_segments": s}))
+            for s in range(2, n // 2 + 1) if n % s == 0}
+    row = {"claim": c.claim, "arch": c.arch, "preset": c.preset, "seq_len": n,
+           "num_segments": size["num_segments"], "n_layers": size["n_layers"],
+           "fraction": c.fraction, "entries": cost.ratio_to_full,
+           "tiles": cost.tile_ratio_to_full, "causal": cost.ratio_to_causal}
+    for name, ratio in (("entries", "ratio_to_full"), ("tiles", "tile_ratio_to_full")):
+        row[f"holds_{name}"] = getattr(cost, ratio) <= c.fraction + CLAIM_SLACK
+        row[f"least_s_{name}"] = min((s for s, a in at_s.items()
+                                      if getattr(a, ratio) <= c.fraction + CLAIM_SLACK),
+                                     default=None)
+    return row
+
+
+def cost_claim_lines(rows: list[dict[str, Any]]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["## Cost claims", "",
+             "Fractions of full attention (L·N² score entries) by `ecp complexity`: the entries "
+             "the mask allows, and the whole tiles a block kernel scores. A claim holds within "
+             f"{CLAIM_SLACK * 100:g} of a percentage point.", "",
+             "| claim | sizes | entries | tiles | holds (entries, tiles) | holds from S = |",
+             "|---|---|---:|---:|---|---|"]
+    for r in rows:
+        lines.append(
+            f"| {r['claim']} | {r['preset']}: N {r['seq_len']}, S {r['num_segments']}, "
+            f"L {r['n_layers']} | {r['entries']:.1%} | {r['tiles']:.1%} | "
+            f"{'yes' if r['holds_entries'] else 'no'}, {'yes' if r['holds_tiles'] else 'no'} | "
+            f"{r['least_s_entries'] or 'never'} (entries), {r['least_s_tiles'] or 'never'} "
+            f"(tiles) |")
+    return [*lines, ""]
 
 
 def by_cell(values: Mapping[tuple[str, int], float]) -> dict[str, list[float]]:
@@ -506,6 +555,7 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
                       f"out.", ""]
     for d in data.values():
         lines += context_lines(d) + plateau_lines(d)
+    lines += cost_claim_lines(analysis.get("cost_claims", []))
     secondary = [r for r in rows if r["family"] == "secondary"]
     lines += ["## Secondary comparisons", "",
               "Unadjusted 95% intervals, never called.", "",

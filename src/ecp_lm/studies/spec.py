@@ -17,6 +17,10 @@ Comparisons. ``Contrast`` names a weighted sum of cells, a cell being a model at
 on recall, a depth): ECP against a rival, or an interaction such as ECP's gain from L = 2 to
 L = 4 against a rival's. The primary family (at most ``stats.MAX_PRIMARY``) is declared in the
 spec; every other contrast the report shows is secondary.
+
+Cost claims. ``CostClaim`` states a claim about attention's cost as a fraction of full
+attention; the report checks it analytically (``ecp complexity``) at the named sizes, in both
+cost conventions.
 """
 
 from __future__ import annotations
@@ -180,12 +184,24 @@ def cell_at(model: str, depth: str) -> str:
 
 
 @dataclass(frozen=True)
+class CostClaim:
+    """"``arch`` needs ``fraction`` of full attention's compute" at a preset's sizes
+    (``config.PRESETS``): checked against the score entries the mask allows and against the
+    whole tiles a block kernel scores, each over L·N² (``bench.complexity``)."""
+    claim: str
+    arch: str
+    fraction: float
+    preset: str = "paper"
+
+
+@dataclass(frozen=True)
 class Study:
     name: str
     question: str
     budgets: dict[str, tuple[Stage, ...]]
     primary: tuple[Contrast, ...]
     """Declared before the runs; Holm runs over these alone (those whose models learned)."""
+    cost_claims: tuple[CostClaim, ...] = ()
 
     def stages(self, budget: str) -> dict[str, Stage]:
         if budget not in self.budgets:

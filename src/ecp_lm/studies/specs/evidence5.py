@@ -24,7 +24,7 @@ corpora ECP against PerceiverAR (equal parameters and tokens), Mamba, RWKV-4 and
 
 from __future__ import annotations
 
-from ecp_lm.studies.spec import Contrast, Grid, Language, Recall, Stage, Study
+from ecp_lm.studies.spec import Contrast, CostClaim, Grid, Language, Recall, Stage, Study
 
 
 def plain(*names: str) -> dict[str, dict[str, str]]:
@@ -138,4 +138,5 @@ STUDY = Study(
         *(Contrast.pair(corpus, "ecp", rival) for corpus in ("language", "replication")
           for rival in ("perceiver_ar", "mamba", "rwkv4", "llama")),
     ),
+    cost_claims=(CostClaim("ECP needs 12% of full attention's compute", "ecp", 0.12),),
 )
