@@ -192,8 +192,8 @@ class ModelConfig:
     is installed, for bf16 and fp16 compute and not under torch.compile), ``mamba_ssm``
     (mamba's selective scan from mamba-ssm's CUDA kernel, the ``mamba`` extra, under the same
     rules), ``mlstm_kernels`` (mlstm's cell from mlstm-kernels' Triton kernels, the ``xlstm``
-    extra, under the same rules) and ``reference`` (the token-by-token recurrence); a hybrid with recurrent layers
-    takes ``auto`` or ``reference``."""
+    extra, under the same rules) and ``reference`` (the token-by-token recurrence); a hybrid
+    with recurrent layers takes ``auto`` or ``reference``."""
     num_classes: int | None = None
     """If set, a classification head over the mean final hidden state of the predicted positions
     replaces the language-model head; the model then returns (B, num_classes)."""

@@ -166,8 +166,8 @@ def test_a_compiled_step_with_auto_runs_the_chunked_kernel(fla):
     from ecp_lm.bench.core import BenchSpec
     from ecp_lm.bench.training import run_case
 
-    spec = BenchSpec(d_model=32, n_layers=len(FLA_MIXERS), n_heads=2, segment_len=16, warmup=0, repeats=1,
-                     compile=True, precision="bf16", attention_share=False)
+    spec = BenchSpec(d_model=32, n_layers=len(FLA_MIXERS), n_heads=2, segment_len=16, warmup=0,
+                     repeats=1, compile=True, precision="bf16", attention_share=False)
     torch._dynamo.reset()
     try:
         row = run_case(f"hybrid({','.join(FLA_MIXERS)})", 64, spec)
