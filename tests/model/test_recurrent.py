@@ -352,7 +352,7 @@ def test_auto_runs_the_chunked_form_on_the_cpu_and_reference_the_recurrence(arch
         sharp_model(arch, attn_impl=impl).loss(random_tokens(2, 9)).backward()
         assert set(kernels) == {expected}, impl
     fla = "has no attn_impl='fla' kernel" \
-        if arch in ("rwkv4", "mamba", "mlstm", "slstm", "performer") else \
+        if arch in ("mamba", "mlstm", "slstm") else \
         "flash-linear-attention's kernels run on CUDA"
     with pytest.raises(ValueError, match=fla):
         sharp_model(arch, attn_impl="fla")(random_tokens(1, 4))

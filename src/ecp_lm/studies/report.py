@@ -248,7 +248,8 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
             "seeds": {n: list(d.stage.seeds) for n, d in data.items()},
             "parameters": {n: {m: parameter_count(d.stage, m) for m in d.stage.models}
                            for n, d in data.items()},
-            "cost_claims": [cost_claim(c) for c in study.cost_claims],
+            **({"cost_claims": [cost_claim(c) for c in study.cost_claims]}
+               if study.cost_claims else {}),
             "fits": {f"{s}/{p}": {"residual_sd": f.residual_variance ** 0.5, "df": f.df,
                                   "cells": list(f.models), "seeds": list(f.seeds),
                                   "bartlett_p": stats.bartlett(by_cell(groups[s, p])),
