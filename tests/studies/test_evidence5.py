@@ -181,3 +181,36 @@ def test_the_tiny_budget_runs_and_reports_every_distance_and_every_image(tmp_pat
     assert trial["split"] == "valid" and "accuracy" in trial
     assert "pixels at 8 steps: accuracy (test split)" in (out / "report" / "tiny" /
                                                           "report.md").read_text()
+
+
+def test_the_plan_counts_every_evaluated_token():
+    """--plan's evaluation: on recall, every held-out scoring of every run (step 0, each
+    eval_every, the end); on language, the test split twice per point (windows moved by N/2),
+    once more for a context model, the validation bytes of each trial and of each evaluation
+    during training; none where the files are not here."""
+    from ecp_lm.studies.__main__ import works
+    from ecp_lm.studies.language import split_bytes
+
+    tiny = STUDY.stages("tiny")
+    stage = tiny["mechanism"]
+    t = stage.task
+    runs, seeds = len(stage.grid.rates) * len(stage.select_seeds), len(stage.seeds)
+    size = t.train["eval_size"] * t.task["seq_len"]
+    rows = {r["name"]: r["eval_tokens"] for r in works(stage)}
+    every = t.train["eval_every"]
+    assert rows[f"ecp L{t.select_depth}"] == size * (
+        runs * (t.select_steps // every + 2) + seeds * (t.steps // every + 2))
+    assert rows["ecp L2"] == size * seeds * (t.steps // every + 2)
+
+    stage = tiny["language"]
+    t = stage.task
+    runs, seeds = len(stage.grid.rates) * len(stage.select_seeds), len(stage.seeds)
+    valid = len(split_bytes(t.source, "valid"))
+    during = 2 * min(valid, t.train["eval_max_tokens"])
+    rows = {r["name"]: r["eval_tokens"] for r in works(stage)}
+    every = t.train["eval_every"]
+    for model in stage.models:
+        test = 2 * t.report_tokens * len(t.points) * (2 if model in t.context_models else 1)
+        assert rows[model] == runs * (2 * t.select_tokens + t.select_steps // every * during) \
+            + seeds * (test + max(t.points) // every * during), model
+    assert all(r["eval_tokens"] is None for r in works(STUDY.stages("full")["pixels"]))

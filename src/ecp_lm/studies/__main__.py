@@ -3,7 +3,7 @@
     python -m ecp_lm.studies STUDY --stage STAGE|report|all --budget BUDGET --out DIR
 
 Each stage resumes where it stopped (``runner``); ``--plan`` prints the CPU time a budget's
-training takes on this machine before anything runs; ``report`` writes
+training and evaluation take on this machine before anything runs; ``report`` writes
 ``DIR/report/BUDGET/{verdicts.json,report.md}`` from what has run.
 """
 
@@ -114,24 +114,64 @@ def write_report(study, budget: str, root: Path, out: Path) -> None:
 
 def works(stage) -> list[dict]:
     """Each model's training steps in ``stage``: its grid's trials on every selection seed
-    and its seeds (an annealed curve: the stable run and each point's decay)."""
+    and its seeds (an annealed curve: the stable run and each point's decay); and the tokens
+    its evaluations run through it (``eval_tokens``, None where the data are not here)."""
     from ecp_lm.studies.anneal import decay_steps
     from ecp_lm.studies.spec import Language, model_config
 
     t = stage.task
-    trials = len(stage.grid.rates) * len(stage.select_seeds) * t.select_steps
+    runs = len(stage.grid.rates) * len(stage.select_seeds)
+    trials = runs * t.select_steps
     if isinstance(t, Language):
         last = max(t.points)
         per_seed = last - decay_steps(last, t.decay_fraction) + sum(
             decay_steps(p, t.decay_fraction) for p in t.points)
+        sizes = eval_sizes(t)
         return [{"name": m, "cfg": model_config(stage, m), "batch": t.train["batch_size"],
-                 "steps": trials + len(stage.seeds) * per_seed} for m in stage.models]
+                 "steps": trials + len(stage.seeds) * per_seed,
+                 "eval_tokens": None if sizes is None else
+                 runs * (sizes["select"] + t.select_steps // t.train["eval_every"]
+                         * sizes["during"])
+                 + len(stage.seeds) * (len(t.points) * sizes["test"]
+                                       * (2 if m in t.context_models else 1)
+                                       + last // t.train["eval_every"] * sizes["during"])}
+                for m in stage.models]
     from ecp_lm.studies.recall import task_specs
 
-    batch = task_specs(stage)[1].batch_size
-    return [{"name": f"{m} L{d}", "cfg": model_config(stage, m, d), "batch": batch,
-             "steps": (trials if d == t.select_depth else 0) + len(stage.seeds) * t.steps}
+    spec, train = task_specs(stage)
+    per_eval = train.eval_size * spec.seq_len
+
+    def evals(steps: int) -> int:
+        return (steps // train.eval_every + 2) * per_eval  # step 0, each eval_every, the end
+
+    return [{"name": f"{m} L{d}", "cfg": model_config(stage, m, d), "batch": train.batch_size,
+             "steps": (trials if d == t.select_depth else 0) + len(stage.seeds) * t.steps,
+             "eval_tokens": (runs * evals(t.select_steps) if d == t.select_depth else 0)
+             + len(stage.seeds) * evals(t.steps)}
             for m in stage.models for d in t.depths]
+
+
+def eval_sizes(task) -> dict[str, int] | None:
+    """Tokens one evaluation of a language stage runs through a model: on the test split
+    (``test``), on validation for a rate trial (``select``) and during training (``during``,
+    at most ``eval_max_tokens``). A text is scored in windows of N moved by N/2 (SPEC §6's
+    stride), so each byte goes through twice; an image once. None where the files are not
+    here."""
+    from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
+    from ecp_lm.studies.language import split_bytes
+
+    try:
+        if task.source in PIXEL_DATASETS:
+            splits = load_pixel_dataset(task.source, task.path, seed=0).splits
+            n = {s: len(splits[s][1]) * task.size["seq_len"] for s in ("valid", "test")}
+        else:
+            n = {s: 2 * len(split_bytes(task.source, s)) for s in ("valid", "test")}
+    except (ValueError, OSError):
+        return None
+    cap = task.train.get("eval_max_tokens")
+    return {"test": n["test"] if task.report_tokens is None else 2 * task.report_tokens,
+            "select": n["valid"] if task.select_tokens is None else 2 * task.select_tokens,
+            "during": n["valid"] if cap is None else min(n["valid"], 2 * cap)}
 
 
 if __name__ == "__main__":

@@ -168,22 +168,41 @@ def step_times(models: dict[str, tuple[Any, int]], path: Path | None = None
     return times
 
 
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training step's time per token (backward about twice the
+forward): what ``plan`` charges each evaluated token."""
+
+
 def plan(works: list[dict[str, Any]], jobs: int, threads: int | None) -> dict[str, Any]:
-    """The hours a stage's training steps take here at ``jobs`` runs at once: ``works`` holds
-    each model's ``name``, ``cfg``, ``batch`` and ``steps`` (trials and seeds together); one
-    step of each is timed now. Evaluation is not counted."""
+    """The hours a stage's training steps and evaluations take here at ``jobs`` runs at once:
+    ``works`` holds each model's ``name``, ``cfg``, ``batch``, ``steps`` (trials and seeds
+    together) and ``eval_tokens`` (None: not estimated); one step of each is timed now, and an
+    evaluated token costs ``FORWARD_SHARE`` of a trained one."""
     with torch_threads(threads):
         times = step_times({w["name"]: (w["cfg"], w["batch"]) for w in works})
-    rows = [{"model": w["name"], "steps": w["steps"], "step_s": times[w["name"]],
-             "hours": w["steps"] * times[w["name"]] / 3600} for w in works]
+    rows = []
+    for w in works:
+        step_s, tokens = times[w["name"]], w.get("eval_tokens")
+        per_token = step_s / (w["batch"] * w["cfg"].seq_len)
+        rows.append({"model": w["name"], "steps": w["steps"], "step_s": step_s,
+                     "hours": w["steps"] * step_s / 3600,
+                     "eval_hours": None if tokens is None else
+                     tokens * per_token * FORWARD_SHARE / 3600})
+    evaluated = all(r["eval_hours"] is not None for r in rows)
     return {"jobs": jobs, "threads": threads, "rows": rows,
-            "hours": sum(r["hours"] for r in rows) / jobs}
+            "hours": sum(r["hours"] for r in rows) / jobs,
+            "eval_hours": sum(r["eval_hours"] for r in rows) / jobs if evaluated else None}
 
 
 def plan_markdown(stage: str, p: dict[str, Any]) -> str:
-    lines = [f"### {stage}: {p['hours']:.2f} hours of training at --jobs {p['jobs']}", "",
-             "| model | steps | s/step | hours |", "|---|---:|---:|---:|"]
-    lines += [f"| {r['model']} | {r['steps']:,} | {r['step_s']:.3f} | {r['hours']:.2f} |"
+    evaluation = ("evaluation not estimated: the data are not here" if p["eval_hours"] is None
+                  else f"{p['eval_hours']:.2f} of evaluation")
+    lines = [f"### {stage}: {p['hours']:.2f} hours of training at --jobs {p['jobs']}, "
+             f"{evaluation}", "",
+             "| model | steps | s/step | hours | evaluation hours |", "|---|---:|---:|---:|---:|"]
+    lines += [f"| {r['model']} | {r['steps']:,} | {r['step_s']:.3f} | {r['hours']:.2f} | "
+              + ("–" if r["eval_hours"] is None else f"{r['eval_hours']:.2f}") + " |"
               for r in p["rows"]]
-    return "\n".join(lines) + "\n\nEvaluation comes on top, and so do rate trials past the " \
-        "grid's edges and equal-time runs (each about one seed's curve).\n\n"
+    return "\n".join(lines) + "\n\nAn evaluated token is charged a third of a trained " \
+        "one's time. Rate trials past the grid's edges and equal-time runs come on top (each " \
+        "about one seed's curve).\n\n"

@@ -57,7 +57,9 @@ RECALL_GRID, LANGUAGE_GRID = Grid((3e-4, 1e-3, 3e-3), 3.0), Grid((2e-3, 4e-3, 8e
 WIDTH, RECALL_TRAIN = dict(d_model=64, n_heads=4), dict(warmup_steps=100, eval_every=250)
 SIZE = dict(d_model=128, n_layers=4, n_heads=4, seq_len=2048, num_segments=8)
 TRAIN = dict(batch_size=4, warmup_steps=60, eval_every=400, checkpoint_every=50, log_every=50,
-             eval_max_tokens=262144, min_lr_ratio=0.0, logger="none")
+             eval_max_tokens=65536, min_lr_ratio=0.0, logger="none")
+SELECT_TOKENS = 262144
+"""Validation bytes a language rate trial is scored on (the split's first 256 KiB)."""
 
 
 def mechanism(steps, models, task=DISTANCE_TASK, model=WIDTH, train=RECALL_TRAIN,
@@ -67,12 +69,13 @@ def mechanism(steps, models, task=DISTANCE_TASK, model=WIDTH, train=RECALL_TRAIN
 
 
 def corpora(models, size=SIZE, train=TRAIN, points=(800, 1600), select_steps=300,
-            grid=LANGUAGE_GRID, tokens=None) -> tuple[Stage, ...]:
+            grid=LANGUAGE_GRID, tokens=None, select=SELECT_TOKENS) -> tuple[Stage, ...]:
     """sympy-code on five seeds, with the transformer as the context gain's control, and
     enwiki-mini on three without it (for the study's 20 hours), alike otherwise."""
     rest = {m: v for m, v in models.items() if m != "transformer"}
     return tuple(Stage(name, Language(source, size, train, points, select_steps,
-                                      report_tokens=tokens, context_models=context), chosen,
+                                      select_tokens=select, report_tokens=tokens,
+                                      context_models=context), chosen,
                        seeds, grid)
                  for name, source, seeds, chosen, context in (
                      ("language", "sympy-code", SEEDS, models, ("transformer", "ecp")),
@@ -118,7 +121,7 @@ STUDY = Study(
             *corpora(LANGUAGE, dict(d_model=32, n_layers=2, n_heads=2, seq_len=128, num_segments=4),
                      dict(TRAIN, batch_size=2, warmup_steps=1, eval_every=4,
                           checkpoint_every=2, log_every=1, eval_max_tokens=1024),
-                     (4, 8), 4, Grid((1e-3, 4e-3), 4.0, extensions=1), 2048),
+                     (4, 8), 4, Grid((1e-3, 4e-3), 4.0, extensions=1), 2048, 2048),
             pixels("digits", dict(d_model=32, n_layers=2, n_heads=2, seq_len=64, num_segments=4),
                    dict(PIXEL_TRAIN, batch_size=4, warmup_steps=1, eval_every=4,
                         checkpoint_every=2, log_every=1), (4, 8), 4, seeds=(0, 1),
