@@ -214,3 +214,23 @@ def test_the_plan_counts_every_evaluated_token():
         assert rows[model] == runs * (2 * t.select_tokens + t.select_steps // every * during) \
             + seeds * (test + max(t.points) // every * during), model
     assert all(r["eval_tokens"] is None for r in works(STUDY.stages("full")["pixels"]))
+
+
+def test_a_declared_comparison_not_run_or_not_in_the_budget_is_named_so():
+    """Before any run, every primary comparison of ``small`` is left out: those of its models
+    as not run yet, those with Mamba or RWKV-4 (``full`` only) as not in this budget."""
+    analysis = report.analyse(STUDY, {}, budget="small")
+    assert analysis["comparisons"] == []
+    why = {(e["stage"], e["contrast"]): {k: v for k, v in e.items()
+                                         if k in ("not_run", "not_in_budget", "did_not_learn")}
+           for e in analysis["excluded"]}
+    assert len(why) == len(STUDY.primary) == 10
+    for corpus in ("language", "replication"):
+        for rival in ("mamba", "rwkv4"):
+            assert why[corpus, f"ecp − {rival}"] == {"not_in_budget": [rival],
+                                                     "did_not_learn": []}
+        assert why[corpus, "ecp − llama"] == {"not_run": ["ecp", "llama"], "did_not_learn": []}
+    assert why["mechanism", "ecp@L4 − sliding_window@L4"]["not_run"] == [
+        "ecp@L4", "sliding_window@L4"]
+    table = "\n".join(report.verdict_lines(analysis))
+    assert "| ecp − mamba | language, final | — | — | — | not in this budget: mamba |" in table

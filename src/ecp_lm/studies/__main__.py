@@ -105,7 +105,7 @@ def write_report(study, budget: str, root: Path, out: Path) -> None:
     if not data:
         raise ValueError(f"--stage report reads the study's stages: run them first (nothing "
                          f"under {root} at budget {budget})")
-    analysis = report.analyse(study, data)
+    analysis = report.analyse(study, data, budget=budget)
     write_json(out / "verdicts.json", analysis)
     text = report.report_markdown(study, budget, analysis, data, root)
     write_bytes_atomic(out / "report.md", text.encode())

@@ -202,18 +202,38 @@ def per_seed(c: Contrast, values: dict[str, dict[int, float]]) -> dict[int, floa
     return {s: sum(w * values[m][s] for m, w in c.weights) for s in sorted(seeds)}
 
 
-def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.ALPHA
-            ) -> dict[str, Any]:
+EXCLUSIONS = (("did_not_learn", "did not learn"), ("not_run", "not run yet"),
+              ("not_in_budget", "not in this budget"))
+"""Why a declared comparison is not in the family: the verdict file's key, and its words."""
+
+
+def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.ALPHA,
+            budget: str | None = None) -> dict[str, Any]:
     """The verdict file: ``runs``, ``comparisons`` (the keys of ``stats.COMPARISON_KEYS``
     and, beside them, the contrast's name, its per-seed values, the seeds agreeing with its
     sign and the bootstrap interval where per-item data exist), and what was left out."""
-    primary = [resolve(c, data[c.stage]) for c in study.primary if c.stage in data]
-    excluded, contrasts = [], []
-    for c in primary:
-        not_learned = [m for m, _ in c.weights if not data[c.stage].learned.get(m, False)]
-        if not_learned:
+    stages = study.stages(budget) if budget else {n: d.stage for n, d in data.items()}
+    excluded, contrasts, primary = [], [], []
+    for c in study.primary:
+        if c.stage not in stages:
+            continue
+        cells = [m for m, _ in c.weights]
+        why = {"not_in_budget": [m for m in cells
+                                 if m.partition("@")[0] not in stages[c.stage].models]}
+        if not why["not_in_budget"]:
+            if c.stage not in data:
+                why = {"not_run": cells}
+            else:
+                c = resolve(c, data[c.stage])
+                primary.append(c)
+                d = data[c.stage]
+                why = {"not_run": [m for m in cells if m not in d.learned],
+                       "did_not_learn": [m for m in cells if d.learned.get(m) is False]}
+        if any(why.values()):
             excluded.append({"contrast": c.name, "stage": c.stage, "point": c.point,
-                             "did_not_learn": not_learned})
+                             "did_not_learn": why.get("did_not_learn", []),
+                             **{k: v for k, v in why.items()
+                                if v and k != "did_not_learn"}})
         else:
             contrasts.append((c, True))
     for d in data.values():
@@ -367,8 +387,16 @@ def verdict_lines(analysis: dict[str, Any]) -> list[str]:
                    f"({r['level']:.2%}) | {r['favour_a']} of {r['seeds']} | {verdict} |")
     for e in analysis["excluded"]:
         out.append(f"| {e['contrast']} | {e['stage']}, {e['point']} | — | — | — | "
-                   f"did not learn: {', '.join(e['did_not_learn'])} |")
+                   f"{exclusion_text(e, ': ')} |")
     return out
+
+
+def exclusion_text(e: dict[str, Any], joint: str = " ") -> str:
+    """Why a declared comparison is left out: "did not learn: mamba2@L4" (``joint`` ": ") or
+    "mamba2@L4 did not learn"."""
+    parts = [(text, ", ".join(e[key])) for key, text in EXCLUSIONS if e.get(key)]
+    return "; ".join(f"{text}{joint}{cells}" if joint != " " else f"{cells} {text}"
+                     for text, cells in parts)
 
 
 def call_text(row: dict[str, Any], lower_is_better: bool) -> str:
@@ -414,10 +442,13 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
     out = [f"### {d.stage.name} at {at}: {metric}", "",
            "| model | parameters | rate | mean | SD | per seed |", "|---|---|---|---:|---:|---|"]
     for c_name, seeds in d.values.get(point, {}).items():
-        model = c_name.split("@")[0]
-        ratio = params[model] / ref - 1
-        size = f"{params[model]:,}" + (f" ({ratio:+.1%} vs {d.stage.reference})"
-                                       if abs(ratio) > PARAMETER_TOLERANCE else "")
+        model, _, depth = c_name.partition("@L")
+        count, base = (params[model], ref) if not depth else (
+            parameter_count(d.stage, model, int(depth)),
+            parameter_count(d.stage, d.stage.reference, int(depth)))
+        ratio = count / base - 1
+        size = f"{count:,}" + (f" ({ratio:+.1%} vs {d.stage.reference})"
+                               if abs(ratio) > PARAMETER_TOLERANCE else "")
         values = list(seeds.values())
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
         learned = "" if d.learned.get(c_name) else " (did not learn)"
@@ -533,7 +564,7 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
              *comparison_table(primary, lower), ""]
     for e in analysis["excluded"]:
         lines.append(f"- Not in the family: {e['contrast']} ({e['stage']}, {e['point']}): "
-                     f"{', '.join(e['did_not_learn'])} did not learn.")
+                     f"{exclusion_text(e)}.")
     lines += ["", "## Stages", ""]
     for name, d in data.items():
         params = analysis["parameters"][name]
@@ -564,11 +595,14 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
     return "\n".join(lines)
 
 
-def parameter_count(stage: Stage, model: str) -> int:
+def parameter_count(stage: Stage, model: str, depth: int | None = None) -> int:
+    """``model``'s parameters in ``stage``: on recall at ``depth`` layers (None: the selection
+    depth)."""
     from ecp_lm.model.matching import parameter_count as count
 
-    depth = None if isinstance(stage.task, Language) else stage.task.select_depth
-    return count(model_config(stage, model, depth))
+    if isinstance(stage.task, Language):
+        return count(model_config(stage, model))
+    return count(model_config(stage, model, depth or stage.task.select_depth))
 
 
 def load(study: Study, budget: str, root: Path) -> dict[str, StageData]:
