@@ -103,7 +103,7 @@ def test_the_results_page_is_rendered_from_the_report() -> None:
     report.seed_sentence's: the template holds placeholders, not numbers."""
     from ecp_lm.docsgen import results_page
 
-    template = (ROOT / results_page.TEMPLATE).read_text()
+    template = (ROOT / results_page.template_of(results_page.lead(ROOT))).read_text()
     assert "{VERDICTS}" in template and "{PRIMARY}" in template and "{seed:" in template
     assert not any(line.startswith("|") for line in template.splitlines())
     assert "docs/results.md" in RENDERED

@@ -185,3 +185,36 @@ def test_every_sentence_about_seeds_is_generated_from_the_data(page):
                                     r"[^.]*\bseeds?\b", sentence, re.I):
             assert any(g in sentence.lower() for g in generated), \
                 f"{page.name}: {sentence!r} counts seeds but is not generated from the data"
+
+
+def test_the_newest_study_with_a_template_and_a_report_leads(tmp_path):
+    """Evidence IV leads until Evidence V has both its template and its report; then the
+    page is Evidence V's, its cost claims and compressor rows from its report."""
+    import shutil
+
+    from ecp_lm.docsgen import results_page
+
+    shutil.copytree(EVIDENCE4 / "report", tmp_path / "evidence4" / "report")
+    shutil.copy(EVIDENCE4 / "results.md.in", tmp_path / "evidence4" / "results.md.in")
+    (tmp_path / "evidence5").mkdir()
+    (tmp_path / "evidence5" / "results.md.in").write_text(
+        "# Evidence V\n\n{VERDICTS}\n\n{COMPRESSORS}\n\n{COSTS}\n")
+    assert results_page.lead(tmp_path) == "evidence4"
+    assert results_page.render(tmp_path) == RESULTS.read_text()
+
+    report_dir = tmp_path / "evidence5" / "report" / "small"
+    shutil.copytree(EVIDENCE4 / "report" / BUDGET, report_dir)
+    claim = report.cost_claim(load("evidence5").cost_claims[0])
+    text = (report_dir / "report.md").read_text()
+    text = text.replace("## Secondary comparisons",
+                        "\n".join(report.cost_claim_lines([claim])) + "\n## Secondary comparisons")
+    (report_dir / "report.md").write_text(text)
+    assert results_page.lead(tmp_path) == "evidence5"
+    page = results_page.render(tmp_path)
+    assert page.startswith("# Evidence V\n")
+    assert "| 17.2% | 23.4% | no, no |" in page
+    compressors = [line for line in text.splitlines() if "(reference)" in line]
+    assert compressors
+    for line in compressors:
+        name, bits = line.split(" | ")[0][2:].removesuffix(" (reference)"), line.split(" | ")[3]
+        assert f"| language | {name} | {bits} |" in page

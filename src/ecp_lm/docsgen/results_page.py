@@ -1,11 +1,14 @@
-"""``docs/results.md``: the results page, its prose from ``evidence4/results.md.in`` and its
-numbers from the committed report of Evidence IV (``evidence4/report/small``).
+"""``docs/results.md``: the results page, its prose from the leading study's template
+(``STUDY/results.md.in``) and its numbers from that study's committed report
+(``STUDY/report/small``). The newest study of ``STUDIES`` whose template and report are both
+committed leads.
 
 The prose holds placeholders that the report fills: ``{VERDICTS}`` the verdict table
-(``report.verdict_lines``), ``{PRIMARY}`` the primary family's table, ``{STAGES}`` and
-``{SECONDARY}`` those sections of ``report.md`` verbatim, and ``{seed:STAGE:POINT:A:B}`` the
-seed sentence of that comparison (``report.seed_sentence``; capitalised where it starts a
-sentence). So no number on the page is typed by hand.
+(``report.verdict_lines``), ``{PRIMARY}`` the primary family's table, ``{STAGES}``,
+``{SECONDARY}`` and ``{COSTS}`` those sections of ``report.md`` verbatim, ``{COMPRESSORS}`` the
+compressors' rows of the stage tables, and ``{seed:STAGE:POINT:A:B}`` the seed sentence of that
+comparison (``report.seed_sentence``; capitalised where it starts a sentence). So no number on
+the page is typed by hand.
 """
 
 from __future__ import annotations
@@ -14,28 +17,57 @@ import json
 import re
 from pathlib import Path
 
-TEMPLATE = "evidence4/results.md.in"
-REPORT = "evidence4/report/small"
+STUDIES = ("evidence5", "evidence4")
+"""The studies that can lead the page, newest first."""
 PAGE = "docs/results.md"
+
+
+def template_of(study: str) -> str:
+    return f"{study}/results.md.in"
+
+
+def report_of(study: str) -> str:
+    return f"{study}/report/small"
+
+
+def lead(root: Path) -> str | None:
+    """The newest study whose template and report are committed under ``root``."""
+    return next((s for s in STUDIES if (root / template_of(s)).is_file()
+                 and (root / report_of(s) / "verdicts.json").is_file()), None)
 
 
 def section(report: str, title: str) -> str:
     """The text under ``## title`` in ``report`` (up to the next ``## ``)."""
     found = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## |\Z)", report, re.S | re.M)
     if found is None:
-        raise ValueError(f"{REPORT}/report.md has no section {title!r}")
+        raise ValueError(f"the report has no section {title!r}")
     return found.group(1).strip()
 
 
+def compressor_rows(report: str) -> str:
+    """The compressors' rows of the report's stage tables, one table: stage, compressor, bits
+    per byte on the bytes the models are scored on."""
+    rows, stage = [], None
+    for line in report.splitlines():
+        heading = re.match(r"^### (\S+) at (\d+) steps: bits per byte", line)
+        if heading:
+            stage = heading.group(1)
+        found = re.match(r"^\| (.+) \(reference\) \| — \| — \| ([\d.]+) \|", line)
+        if found and stage and (stage, found.group(1)) not in {(r[0], r[1]) for r in rows}:
+            rows.append((stage, found.group(1), found.group(2)))
+    return "\n".join(["| stage | compressor | bits per byte |", "|---|---|---:|",
+                      *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
+
+
 def render(root: Path) -> str | None:
-    """The page, or None where the repository at ``root`` has no template."""
+    """The page, or None where the repository at ``root`` has no study to lead it."""
     from ecp_lm.studies.report import seed_sentence, verdict_lines
 
-    template = root / TEMPLATE
-    if not template.is_file():
+    study = lead(root)
+    if study is None:
         return None
-    verdicts = json.loads((root / REPORT / "verdicts.json").read_text())
-    report = (root / REPORT / "report.md").read_text()
+    verdicts = json.loads((root / report_of(study) / "verdicts.json").read_text())
+    report = (root / report_of(study) / "report.md").read_text()
     primary = section(report, "Primary family")
 
     def seed(match: re.Match) -> str:
@@ -47,7 +79,11 @@ def render(root: Path) -> str | None:
         starts = not before or before.endswith((".", "\n"))
         return text[0].upper() + text[1:] if starts else text
 
-    text = template.read_text()
+    text = (root / template_of(study)).read_text()
+    if "{COSTS}" in text:
+        text = text.replace("{COSTS}", section(report, "Cost claims"))
+    if "{COMPRESSORS}" in text:
+        text = text.replace("{COMPRESSORS}", compressor_rows(report))
     text = text.replace("{VERDICTS}", "\n".join(verdict_lines(verdicts)))
     text = text.replace("{PRIMARY}", "\n".join(line for line in primary.splitlines()
                                                if line.startswith("|")))
