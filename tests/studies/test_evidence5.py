@@ -188,6 +188,7 @@ def test_the_plan_counts_every_evaluated_token():
     eval_every, the end); on language, the test split twice per point (windows moved by N/2),
     once more for a context model, the validation bytes of each trial and of each evaluation
     during training; none where the files are not here."""
+    from ecp_lm.data.images import load_pixel_dataset
     from ecp_lm.studies.__main__ import works
     from ecp_lm.studies.language import split_bytes
 
@@ -213,6 +214,15 @@ def test_the_plan_counts_every_evaluated_token():
         test = 2 * t.report_tokens * len(t.points) * (2 if model in t.context_models else 1)
         assert rows[model] == runs * (2 * t.select_tokens + t.select_steps // every * during) \
             + seeds * (test + max(t.points) // every * during), model
+    stage = tiny["pixels"]
+    t = stage.task
+    runs, seeds = len(stage.grid.rates) * len(stage.select_seeds), len(stage.seeds)
+    splits = load_pixel_dataset(t.source, seed=0).splits
+    valid, test = (len(splits[s][1]) * t.size["seq_len"] for s in ("valid", "test"))
+    every = t.train["eval_every"]
+    assert {r["eval_tokens"] for r in works(stage)} == {  # every image, each time
+        runs * (valid + t.select_steps // every * valid)
+        + seeds * (len(t.points) * test + max(t.points) // every * valid)}
     assert all(r["eval_tokens"] is None for r in works(STUDY.stages("full")["pixels"]))
 
 

@@ -155,17 +155,17 @@ def eval_sizes(task) -> dict[str, int] | None:
     """Tokens one evaluation of a language stage runs through a model: on the test split
     (``test``), on validation for a rate trial (``select``) and during training (``during``,
     at most ``eval_max_tokens``). A text is scored in windows of N moved by N/2 (SPEC §6's
-    stride), so each byte goes through twice; an image once. None where the files are not
-    here."""
+    stride), so each byte goes through twice; an image once, every image of the split each
+    time. None where the files are not here."""
     from ecp_lm.data.images import PIXEL_DATASETS, load_pixel_dataset
     from ecp_lm.studies.language import split_bytes
 
     try:
-        if task.source in PIXEL_DATASETS:
+        if task.source in PIXEL_DATASETS:  # every image of the split, each time
             splits = load_pixel_dataset(task.source, task.path, seed=0).splits
             n = {s: len(splits[s][1]) * task.size["seq_len"] for s in ("valid", "test")}
-        else:
-            n = {s: 2 * len(split_bytes(task.source, s)) for s in ("valid", "test")}
+            return {"test": n["test"], "select": n["valid"], "during": n["valid"]}
+        n = {s: 2 * len(split_bytes(task.source, s)) for s in ("valid", "test")}
     except (ValueError, OSError):
         return None
     cap = task.train.get("eval_max_tokens")
