@@ -19,7 +19,10 @@ where its files are; no package registry ships its images, so ``small`` runs mni
 ``small`` is what this CPU can run; the other named rivals join at ``full``, sized for a GPU:
 Mamba and RWKV-4 train at a twentieth and a third of ECP's tokens/s here (docs/performance.md),
 so their language runs alone would exceed the study's 20 hours, as would nine more mechanism
-models. ``--plan`` at ``small``: 8.1, 5.0, 2.3 and 4.0 hours of training at ``--jobs 2``.
+models. ``--plan`` at ``small`` on an idle machine, ``--jobs 2`` (2026-12-07): 9.9, 5.7, 2.7 and
+4.6 hours of training, 0.25, 0.71, 0.13 and 0.47 of evaluation: 24.4 hours, over the 20 this
+budget is meant to fit. Mamba-2, Gated DeltaNet and RWKV-7 take 6.4 of the mechanism's 9.9
+(their PyTorch forms at N = 64 run 3 to 5 times ECP's step time), xLSTM 1.6 of the pixels'.
 Primary family (ten, declared before any run): the two mechanism contrasts, and on both
 corpora ECP against PerceiverAR (equal parameters and tokens), Mamba, RWKV-4 and Llama.
 """
