@@ -42,7 +42,6 @@ from ecp_lm.model.archs.recurrent import (
     Recurrent,
     RecurrentMixer,
     ShortConv,
-    compute_dtype,
     log_spaced,
     wide,
 )
@@ -61,12 +60,6 @@ class Mamba(Recurrent):
     size_fields = ("mixer_width", "state_size", "conv_size", "chunk_size")
     default_chunk = 16
     kernels = ("mamba_ssm", "chunked")  # fla has no kernel for a state per channel and state
-
-    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
-        # as fla for the other mixers: the library's kernel for 16-bit compute only
-        if compute_dtype(q) in (torch.bfloat16, torch.float16):
-            return self.kernels
-        return ("chunked",)
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "mamba_ssm":

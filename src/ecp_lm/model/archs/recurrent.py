@@ -43,7 +43,7 @@ from torch.utils.checkpoint import checkpoint
 from ecp_lm.model.archs.base import ArchConfig, Architecture
 from ecp_lm.model.archs.transformer import CausalMask
 from ecp_lm.model.cache import StateCache
-from ecp_lm.model.kernels import choose_kernel
+from ecp_lm.model.kernels import LIBRARIES, choose_kernel
 from ecp_lm.model.rows import Rows
 
 KERNELS = ("fla", "chunked")
@@ -153,9 +153,10 @@ class Recurrent(Architecture):
         # fla is written for 16-bit inputs: in float32 it is slower than its bf16 form by far,
         # and RWKV-7's kernel warns that it is unsupported on some GPUs; there the chunked form
         # computes in float32 throughout.
+        # The other libraries' kernels (mamba-ssm's, mlstm-kernels') follow the same rule.
         if compute_dtype(q) in (torch.bfloat16, torch.float16):
             return self.kernels
-        return tuple(k for k in self.kernels if k != "fla")
+        return tuple(k for k in self.kernels if k not in LIBRARIES)
 
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "fla":

@@ -111,12 +111,6 @@ class MLSTM(_Cell):
     kernels = ("mlstm_kernels", "chunked")
     has_feed_forward = False
 
-    def auto_kernels(self, dropout_p: float, q: Tensor) -> tuple[str, ...]:
-        # as fla for the other mixers: the library's kernel for 16-bit compute only
-        if compute_dtype(q) in (torch.bfloat16, torch.float16):
-            return self.kernels
-        return ("chunked",)
-
     def kernel_limit(self, kernel: str, q: Tensor, dropout_p: float) -> str | None:
         if kernel == "mlstm_kernels":
             if (self.cfg.forget_gate or "sigmoid") != "sigmoid":
