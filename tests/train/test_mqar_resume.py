@@ -94,13 +94,10 @@ def test_killed_and_resumed_equals_never_stopped(tmp_path):
     assert [p["step"] for p in clean["curve"]] == list(range(0, STEPS + 1, EVAL_EVERY))
 
 
-def test_another_runs_state_is_refused(tmp_path, monkeypatch):
+def stopped_at_first_save(monkeypatch, cfg, train, state) -> None:
+    """``cfg`` trained with ``state`` as its checkpoint, stopped right after its first save."""
     import ecp_lm.training.mqar as module
 
-    cfg = ModelConfig(arch="ecp", vocab_size=SPEC.vocab_size, n_layers=2,
-                      seq_len=SPEC.seq_len, num_segments=NUM_SEGMENTS, **MODEL)
-    train = replace(TRAIN, steps=20, eval_every=10)
-    state = tmp_path / "train-state.pt"
     real = module._save_state
 
     class StopError(Exception):
@@ -114,6 +111,14 @@ def test_another_runs_state_is_refused(tmp_path, monkeypatch):
         patch.setattr(module, "_save_state", save_and_stop)
         with pytest.raises(StopError):
             train_mqar(cfg, SPEC, train, SEGMENT_LEN, checkpoint=state)
+
+
+def test_another_runs_state_is_refused(tmp_path, monkeypatch):
+    cfg = ModelConfig(arch="ecp", vocab_size=SPEC.vocab_size, n_layers=2,
+                      seq_len=SPEC.seq_len, num_segments=NUM_SEGMENTS, **MODEL)
+    train = replace(TRAIN, steps=20, eval_every=10)
+    state = tmp_path / "train-state.pt"
+    stopped_at_first_save(monkeypatch, cfg, train, state)
     assert torch.load(state, weights_only=True)["step"] == 10
     with pytest.raises(ValueError, match="state of another run"):
         train_mqar(cfg, SPEC, replace(train, lr=train.lr / 2), SEGMENT_LEN,
@@ -127,8 +132,6 @@ def test_a_field_added_at_its_default_keeps_the_state(tmp_path, monkeypatch):
     is still this run's own."""
     import dataclasses
 
-    import ecp_lm.training.mqar as module
-
     @dataclasses.dataclass
     class LaterConfig(ModelConfig):
         later_field: int = 0
@@ -137,25 +140,10 @@ def test_a_field_added_at_its_default_keeps_the_state(tmp_path, monkeypatch):
                   num_segments=NUM_SEGMENTS, **MODEL)
     train = replace(TRAIN, steps=20, eval_every=10)
     state = tmp_path / "train-state.pt"
-    real = module._save_state
-
-    class StopError(Exception):
-        pass
-
-    def save_and_stop(*args):
-        real(*args)
-        raise StopError
-
-    with monkeypatch.context() as patch:
-        patch.setattr(module, "_save_state", save_and_stop)
-        with pytest.raises(StopError):
-            train_mqar(ModelConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
+    stopped_at_first_save(monkeypatch, ModelConfig(**common), train, state)
     _, result = train_mqar(LaterConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
     assert [p["step"] for p in result["curve"]] == [0, 10, 20] and not state.exists()
-    with monkeypatch.context() as patch:
-        patch.setattr(module, "_save_state", save_and_stop)
-        with pytest.raises(StopError):
-            train_mqar(ModelConfig(**common), SPEC, train, SEGMENT_LEN, checkpoint=state)
+    stopped_at_first_save(monkeypatch, ModelConfig(**common), train, state)
     with pytest.raises(ValueError, match="state of another run"):
         train_mqar(LaterConfig(**common, later_field=1), SPEC, train, SEGMENT_LEN,
                    checkpoint=state)

@@ -217,23 +217,18 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
     for c in study.primary:
         if c.stage not in stages:
             continue
-        cells = [m for m, _ in c.weights]
-        why = {"not_in_budget": [m for m in cells
-                                 if m.partition("@")[0] not in stages[c.stage].models]}
-        if not why["not_in_budget"]:
-            if c.stage not in data:
-                why = {"not_run": cells}
-            else:
-                c = resolve(c, data[c.stage])
-                primary.append(c)
-                d = data[c.stage]
-                why = {"not_run": [m for m in cells if m not in d.learned],
-                       "did_not_learn": [m for m in cells if d.learned.get(m) is False]}
+        cells, d = [m for m, _ in c.weights], data.get(c.stage)
+        absent = [m for m in cells if m.partition("@")[0] not in stages[c.stage].models]
+        if not absent and d is not None:
+            c = resolve(c, d)
+            primary.append(c)
+        why = ({"not_in_budget": absent} if absent else {"not_run": cells} if d is None else
+               {"not_run": [m for m in cells if m not in d.learned],
+                "did_not_learn": [m for m in cells if d.learned.get(m) is False]})
         if any(why.values()):
             excluded.append({"contrast": c.name, "stage": c.stage, "point": c.point,
-                             "did_not_learn": why.get("did_not_learn", []),
-                             **{k: v for k, v in why.items()
-                                if v and k != "did_not_learn"}})
+                             "did_not_learn": why.pop("did_not_learn", []),
+                             **{k: v for k, v in why.items() if v}})
         else:
             contrasts.append((c, True))
     for d in data.values():
