@@ -150,6 +150,30 @@ def test_backward_recomputes_each_group_exactly_under_its_autocast(arch, monkeyp
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
 
 
+@pytest.mark.parametrize("arch", RECURRENT)
+def test_a_window_of_one_group_runs_each_mixer_once(arch, monkeypatch):
+    """A training step on a window of one group (30 tokens, groups of 512): each layer's mixer
+    runs once, in the forward (backward differentiates what ran, no recomputation), and every
+    gradient equals the token-by-token recurrence's, in float64."""
+    model = sharp_model(arch, attn_impl="chunked", **chunks(4, arch)).double().train()
+    reference = sharp_model(arch, attn_impl="reference", **chunks(4, arch)).double().train()
+    reference.load_state_dict(model.state_dict())
+    mixer_class = type(model.blocks[0].attn)
+    real, calls = mixer_class.mix, []
+
+    def counting(self, rows, state, kernel):
+        calls.append(kernel)
+        return real(self, rows, state, kernel)
+
+    monkeypatch.setattr(mixer_class, "mix", counting)
+    tokens = random_tokens(2, 31, seed=5)
+    model.loss(tokens).backward()
+    assert calls == ["chunked"] * len(model.blocks)
+    reference.loss(tokens).backward()
+    for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-11, rtol=1e-9, msg=name)
+
+
 def _kept_for_backward(arch: str, t: int) -> int:
     """Bytes a mixer layer at d_model 32 keeps between its forward and its backward on T
     tokens: what is alive after the forward that was not alive before it, the output aside."""

@@ -244,3 +244,28 @@ def test_a_declared_comparison_not_run_or_not_in_the_budget_is_named_so():
         "ecp@L4", "sliding_window@L4"]
     table = "\n".join(report.verdict_lines(analysis))
     assert "| ecp − mamba | language, final | — | — | — | not in this budget: mamba |" in table
+
+
+def test_a_model_at_fewer_depths_runs_is_planned_and_is_compared_only_there(tmp_path):
+    """``Recall.depths_of``: ``small`` runs the recurrent mixers at L = 2 and 4 only, and a
+    stage's cells, its plan, its result files and its secondary comparisons leave the other
+    depths out; depths without the selection depth are refused."""
+    from dataclasses import replace
+
+    from ecp_lm.studies.__main__ import works
+
+    small = STUDY.stages("small")["mechanism"]
+    assert [c for c in small.cells() if c.startswith("rwkv7")] == ["rwkv7@L2", "rwkv7@L4"]
+    planned = {r["name"] for r in works(small)}
+    assert "ecp L8" in planned and "rwkv7 L8" not in planned and "rwkv7 L2" in planned
+    stage = replace(TINY, task=replace(TINY.task, depths_of={"mamba2": (4,)}))
+    near = {2: 0.9, 4: 0.9, 8: 0.8, 16: 0.6, 32: 0.3}
+    write_runs(tmp_path, {(m, d, s): near for m in stage.models for d in stage.depths(m)
+                          for s in (0, 1)})
+    data = report.load_stage(stage, tmp_path)
+    assert data.missing == [] and "mamba2@L4" in data.values["30"]
+    names = {c.name for c in report.secondary(data, [])}
+    assert "ecp@L4 − mamba2@L4" in names and "ecp@L2 − perceiver_ar@L2" in names
+    assert not any("mamba2@L2" in n or "(mamba2:" in n for n in names)
+    with pytest.raises(ValueError, match="selection depth 4"):
+        replace(TINY, task=replace(TINY.task, depths_of={"mamba2": (2,)}))

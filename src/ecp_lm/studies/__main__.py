@@ -148,7 +148,7 @@ def works(stage) -> list[dict]:
              "steps": (trials if d == t.select_depth else 0) + len(stage.seeds) * t.steps,
              "eval_tokens": (runs * evals(t.select_steps) if d == t.select_depth else 0)
              + len(stage.seeds) * evals(t.steps)}
-            for m in stage.models for d in t.depths]
+            for m in stage.models for d in stage.depths(m)]
 
 
 def eval_sizes(task) -> dict[str, int] | None:

@@ -64,7 +64,7 @@ def run_recall(stage: Stage, out: Path, jobs: int, threads: int | None,
     batch = task_specs(stage)[1].batch_size
     with torch_threads(threads):
         step_times({f"{m}/L{d}": (model_config(stage, m, d), batch)
-                    for m in stage.models for d in task.depths}, out / "step_s.json")
+                    for m in stage.models for d in stage.depths(m)}, out / "step_s.json")
     level = chance(stage) + task.chance_margin
 
     def trials(asked: dict[str, list[float]]) -> dict[str, dict[float, float]]:
@@ -83,5 +83,5 @@ def run_recall(stage: Stage, out: Path, jobs: int, threads: int | None,
     run_jobs([Job(f"runs/{m}/L{d}/seed{s}", recall_job,
                   (stage, m, d, s, lrs[m], task.steps, task.report_sequences,
                    str(out / "runs" / m / f"L{d}" / f"seed{s}")))
-              for m in stage.models for d in task.depths for s in stage.seeds],
+              for m in stage.models for d in stage.depths(m) for s in stage.seeds],
              out, jobs, threads, progress, check=lambda kept: check_rates(kept, lrs, out))

@@ -76,9 +76,8 @@ def load_stage(stage: Stage, folder: Path) -> StageData:
     """The stage's runs, trials and chance level found in ``folder``."""
     data = StageData(stage)
     language = isinstance(stage.task, Language)
-    depths = [None] if language else list(stage.task.depths)
     for m in stage.models:
-        for d in depths:
+        for d in [None] if language else stage.depths(m):
             base = folder / "runs" / m / ("" if d is None else f"L{d}")
             found = {int(p.parent.name[4:]): p for p in base.glob("seed*/result.json")}
             timed = {int(p.parent.name[9:]): p for p in base.glob("time-seed*/result.json")}
@@ -179,11 +178,12 @@ def secondary(data: StageData, primary: list[Contrast]) -> list[Contrast]:
             out += [Contrast.pair(stage.name, ref, m, point) for m in others
                     if m in data.values[point]]
             continue
-        depths = [f"L{d}" for d in stage.task.depths]
+        depths, ran = [f"L{d}" for d in stage.task.depths], set(stage.cells())
         out += [Contrast.pair(stage.name, f"{ref}@{d}", f"{m}@{d}", point)
-                for d in depths for m in others]
+                for d in depths for m in others if f"{m}@{d}" in ran]
         out += [Contrast.interaction(stage.name, ref, m, lo, hi, point)
-                for lo, hi in itertools.pairwise(depths) for m in others]
+                for lo, hi in itertools.pairwise(depths) for m in others
+                if {f"{m}@{lo}", f"{m}@{hi}"} <= ran]
     declared = {(c.stage, c.point, c.weights) for c in primary}
     return [c for c in out if (c.stage, c.point, c.weights) not in declared]
 
@@ -218,7 +218,7 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
         if c.stage not in stages:
             continue
         cells, d = [m for m, _ in c.weights], data.get(c.stage)
-        absent = [m for m in cells if m.partition("@")[0] not in stages[c.stage].models]
+        absent = [m for m in cells if m not in stages[c.stage].cells()]
         if not absent and d is not None:
             c = resolve(c, d)
             primary.append(c)

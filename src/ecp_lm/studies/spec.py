@@ -25,7 +25,7 @@ cost conventions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ecp_lm.config import ModelConfig
@@ -100,6 +100,9 @@ class Recall:
     threads: int | None = 1
     metric: str = "accuracy"
     lower_is_better: bool = False
+    depths_of: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """Models run at fewer depths than ``depths`` (each a subset holding ``select_depth``): the
+    rest run at every depth."""
 
 
 @dataclass(frozen=True)
@@ -122,6 +125,13 @@ class Stage:
         if self.reference not in self.models:
             raise ValueError(f"stage {self.name}: reference {self.reference!r} is not one of "
                              f"its models {list(self.models)}")
+        if isinstance(self.task, Recall):
+            for m, depths in self.task.depths_of.items():
+                if m not in self.models or not (
+                        self.task.select_depth in depths and set(depths) <= set(self.task.depths)):
+                    raise ValueError(f"stage {self.name}: depths_of {m!r}: {depths} must be a "
+                                     f"model's depths among {self.task.depths} holding the "
+                                     f"selection depth {self.task.select_depth}")
         big = isinstance(self.task, Language) and self.task.select_tokens is None
         if len(self.select_seeds) < 2 and not big:
             raise ValueError(f"stage {self.name}: rates are chosen on at least two seeds "
@@ -130,8 +140,12 @@ class Stage:
     def cells(self) -> list[str]:
         """The stage's cells: a model, or on recall a model at a depth (``ecp@L4``)."""
         if isinstance(self.task, Recall):
-            return [cell(m, d) for m in self.models for d in self.task.depths]
+            return [cell(m, d) for m in self.models for d in self.depths(m)]
         return list(self.models)
+
+    def depths(self, model: str) -> tuple[int, ...]:
+        """The depths a recall model runs at (``Recall.depths_of``, else every depth)."""
+        return self.task.depths_of.get(model, self.task.depths)
 
     def points(self) -> list[str]:
         """Budget points; on language with ``equal_time`` models, ``time<last>`` too: the
@@ -231,6 +245,6 @@ def model_config(stage: Stage, name: str, depth: int | None = None) -> ModelConf
     declared = stage.models[name]
     fields = {k: (m if v == "m" else v) for k, v in declared.items() if v != "matched"}
     cfg = ModelConfig(vocab_size=vocab, **size, **fields)
-    for field in (k for k, v in declared.items() if v == "matched"):
-        cfg = match_parameters(cfg, model_config(stage, stage.reference, depth), field)
+    for name in (k for k, v in declared.items() if v == "matched"):
+        cfg = match_parameters(cfg, model_config(stage, stage.reference, depth), name)
     return cfg
