@@ -269,3 +269,22 @@ def test_a_model_at_fewer_depths_runs_is_planned_and_is_compared_only_there(tmp_
     assert not any("mamba2@L2" in n or "(mamba2:" in n for n in names)
     with pytest.raises(ValueError, match="selection depth 4"):
         replace(TINY, task=replace(TINY.task, depths_of={"mamba2": (2,)}))
+
+
+def test_a_cell_whose_seeds_are_still_running_is_shown_but_not_analysed(tmp_path):
+    """Mid-stage, a cell with some of its seeds is in the stage table with the seeds it has and
+    in no fit or comparison: a primary comparison with it is left out as not run yet."""
+    near = {2: 0.9, 4: 0.9, 8: 0.8, 16: 0.6, 32: 0.3}
+    cells = {(m, d, s): near for m in TINY.models for d in (2, 4) for s in (0, 1)}
+    del cells["sliding_window_tiles", 4, 1]
+    write_runs(tmp_path, cells)
+    data = report.load_stage(TINY, tmp_path)
+    analysis = report.analyse(STUDY, {"mechanism": data})
+    [left] = [e for e in analysis["excluded"] if e["contrast"].endswith("tiles@L4")]
+    assert left["not_run"] == ["sliding_window_tiles@L4"]
+    assert {c["b"] for c in analysis["comparisons"]} >= {"sliding_window@L4", "mamba2@L2"}
+    assert all("sliding_window_tiles@L4" not in (c["a"], c["b"]) and
+               "sliding_window_tiles@L4" not in c["contrast"]
+               for c in analysis["comparisons"])
+    text = report.report_markdown(STUDY, "tiny", analysis, {"mechanism": data}, tmp_path)
+    assert "| sliding_window_tiles@L4 (1 of 2 seeds) |" in text

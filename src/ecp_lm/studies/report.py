@@ -105,8 +105,10 @@ def load_stage(stage: Stage, folder: Path) -> StageData:
 
         data.chance = chance(stage) + stage.task.chance_margin
     low = stage.task.lower_is_better
+    # a cell is analysed once every seed of the stage has run (a stage under way has some)
     data.learned = {c: any((v < data.chance) == low for v in seeds.values())
-                    for c, seeds in data.values.get(data.final, {}).items()}
+                    for c, seeds in data.values.get(data.final, {}).items()
+                    if set(stage.seeds) <= set(seeds)}
     return data
 
 
@@ -446,7 +448,8 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
                                if abs(ratio) > PARAMETER_TOLERANCE else "")
         values = list(seeds.values())
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        learned = "" if d.learned.get(c_name) else " (did not learn)"
+        learned = ("" if d.learned.get(c_name) else " (did not learn)"
+                   if c_name in d.learned else f" ({len(seeds)} of {len(d.stage.seeds)} seeds)")
         out.append(f"| {c_name}{learned} | {size} | {rate_text(d, model)} | "
                    f"{statistics.fmean(values):.4f} | {sd:.4f} | "
                    f"{', '.join(f'{v:.4f}' for _, v in sorted(seeds.items()))} |")
