@@ -77,15 +77,18 @@ def paper_sizes() -> list[str]:
 
 
 def verdict_quotes() -> list[str]:
-    """The verdict table of Evidence IV's committed report, and the budget and width it ran
-    at (test_results_page checks that report against its run files)."""
+    """The verdict table of the committed report of the study that leads the results page,
+    and the budget and width it ran at (test_results_page checks that report against its run
+    files)."""
+    from ecp_lm.docsgen.results_page import lead
     from ecp_lm.studies.report import verdict_lines
     from ecp_lm.studies.specs import load
 
-    root = ROOT / "evidence4"
+    study = lead(ROOT)
+    root = ROOT / study
     budget = "full" if (root / "report" / "full" / "verdicts.json").exists() else "small"
-    verdicts = report(f"evidence4/report/{budget}/verdicts.json")
-    width = load("evidence4").stages(budget)["language"].task.size["d_model"]
+    verdicts = report(f"{study}/report/{budget}/verdicts.json")
+    width = load(study).stages(budget)["language"].task.size["d_model"]
     return [*verdict_lines(verdicts), f"budget `{budget}` (d_model {width} on language"]
 
 

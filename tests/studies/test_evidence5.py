@@ -126,6 +126,11 @@ def test_the_report_reads_each_distance_as_a_point(tmp_path):
     text = report.report_markdown(STUDY, "tiny", analysis, {"mechanism": data}, tmp_path)
     # ECP's accuracy at d ≤ 2m = 8 rose by 0.1·(1 + seed) from step 24 (80% of 30) to 30
     assert "- L = 2: +0.100, +0.200\n- L = 4: +0.100, +0.200" in text
+    # one table of every cell at every distance: the mean over the seeds [lowest, highest]
+    at = {d: [runs[f"d{d}", "ecp@L4", s] for s in (0, 1)] for d in near}
+    assert "| ecp@L4 | " + " | ".join(
+        f"{statistics.fmean(v):.3f} [{min(v):.3f}, {max(v):.3f}]" for v in at.values()) + " |" \
+        in text.split("## Accuracy by distance: mechanism")[1].split("## Stages")[0]
 
 
 def test_the_primary_family_is_declared_within_the_limit():

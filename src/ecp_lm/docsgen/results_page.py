@@ -6,7 +6,8 @@ committed leads.
 The prose holds placeholders that the report fills: ``{VERDICTS}`` the verdict table
 (``report.verdict_lines``), ``{PRIMARY}`` the primary family's table, ``{STAGES}``,
 ``{SECONDARY}`` and ``{COSTS}`` those sections of ``report.md`` verbatim, ``{COMPRESSORS}`` the
-compressors' rows of the stage tables, and ``{seed:STAGE:POINT:A:B}`` the seed sentence of that
+compressors' rows of the stage tables, ``{SECTION:TITLE}`` the report's section of that title
+verbatim, and ``{seed:STAGE:POINT:A:B}`` the seed sentence of that
 comparison (``report.seed_sentence``; capitalised where it starts a sentence). So no number on
 the page is typed by hand.
 """
@@ -20,6 +21,8 @@ from pathlib import Path
 STUDIES = ("evidence5", "evidence4")
 """The studies that can lead the page, newest first."""
 PAGE = "docs/results.md"
+SECTIONS = {"STAGES": "Stages", "SECONDARY": "Secondary comparisons", "COSTS": "Cost claims"}
+"""The placeholders that stand for a report section verbatim, by the section's title."""
 
 
 def template_of(study: str) -> str:
@@ -55,6 +58,8 @@ def compressor_rows(report: str) -> str:
         found = re.match(r"^\| (.+) \(reference\) \| — \| — \| ([\d.]+) \|", line)
         if found and stage and (stage, found.group(1)) not in {(r[0], r[1]) for r in rows}:
             rows.append((stage, found.group(1), found.group(2)))
+    if not rows:
+        return "No language stage has run yet, so no compressor is scored beside the models."
     return "\n".join(["| stage | compressor | bits per byte |", "|---|---|---:|",
                       *(f"| {a} | {b} | {c} |" for a, b, c in rows)])
 
@@ -68,7 +73,6 @@ def render(root: Path) -> str | None:
         return None
     verdicts = json.loads((root / report_of(study) / "verdicts.json").read_text())
     report = (root / report_of(study) / "report.md").read_text()
-    primary = section(report, "Primary family")
 
     def seed(match: re.Match) -> str:
         stage, point, a, b = match.group(1).split(":")
@@ -80,13 +84,14 @@ def render(root: Path) -> str | None:
         return text[0].upper() + text[1:] if starts else text
 
     text = (root / template_of(study)).read_text()
-    if "{COSTS}" in text:
-        text = text.replace("{COSTS}", section(report, "Cost claims"))
+    for name, title in SECTIONS.items():
+        text = text.replace(f"{{{name}}}", f"{{SECTION:{title}}}")
     if "{COMPRESSORS}" in text:
         text = text.replace("{COMPRESSORS}", compressor_rows(report))
+    if "{PRIMARY}" in text:
+        text = text.replace("{PRIMARY}", "\n".join(
+            line for line in section(report, "Primary family").splitlines()
+            if line.startswith("|")))
+    text = re.sub(r"\{SECTION:([^}]*)\}", lambda m: section(report, m.group(1)), text)
     text = text.replace("{VERDICTS}", "\n".join(verdict_lines(verdicts)))
-    text = text.replace("{PRIMARY}", "\n".join(line for line in primary.splitlines()
-                                               if line.startswith("|")))
-    text = text.replace("{STAGES}", section(report, "Stages"))
-    text = text.replace("{SECONDARY}", section(report, "Secondary comparisons"))
     return re.sub(r"\{seed:([^}]*)\}", seed, text)

@@ -448,9 +448,7 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
                                if abs(ratio) > PARAMETER_TOLERANCE else "")
         values = list(seeds.values())
         sd = statistics.stdev(values) if len(values) > 1 else float("nan")
-        learned = ("" if d.learned.get(c_name) else " (did not learn)"
-                   if c_name in d.learned else f" ({len(seeds)} of {len(d.stage.seeds)} seeds)")
-        out.append(f"| {c_name}{learned} | {size} | {rate_text(d, model)} | "
+        out.append(f"| {cell_label(d, c_name, seeds)} | {size} | {rate_text(d, model)} | "
                    f"{statistics.fmean(values):.4f} | {sd:.4f} | "
                    f"{', '.join(f'{v:.4f}' for _, v in sorted(seeds.items()))} |")
     if d.metric == "bits_per_byte":
@@ -459,6 +457,33 @@ def stage_table(d: StageData, point: str, params: dict[str, int]
         out.append(f"| unigram entropy (chance) | — | — | {d.chance:.4f} | — | — |")
     else:
         out.append(f"| chance + margin | — | — | {d.chance:.4f} | — | — |")
+    return [*out, ""]
+
+
+def cell_label(d: StageData, name: str, seeds: dict[int, float]) -> str:
+    """A cell as tables name it: marked where it did not learn or has not run every seed."""
+    return name + ("" if d.learned.get(name) else " (did not learn)" if name in d.learned
+                   else f" ({len(seeds)} of {len(d.stage.seeds)} seeds)")
+
+
+def distance_lines(d: StageData) -> list[str]:
+    """Recall with distances: every cell's accuracy at every distance in one table, the mean
+    over its seeds and their range (the stage tables hold each seed)."""
+    task = d.stage.task
+    distances = () if isinstance(task, Language) else task.task.get("distances", ())
+    if not distances:
+        return []
+    out = [f"## Accuracy by distance: {d.stage.name}", "",
+           f"Accuracy on the report sequences' queries at each distance after {d.final} steps: "
+           f"the mean over the seeds [lowest, highest]. Chance + margin: {d.chance:.4f}.", "",
+           "| model | " + " | ".join(f"d = {x}" for x in distances) + " |",
+           "|---|" + "---:|" * len(distances)]
+    for name in d.stage.cells():
+        cells = [d.values.get(f"d{x}", {}).get(name) for x in distances]
+        if any(cells):
+            out.append(f"| {cell_label(d, name, cells[0] or {})} | " + " | ".join(
+                "—" if not v else f"{statistics.fmean(v.values()):.3f} "
+                f"[{min(v.values()):.3f}, {max(v.values()):.3f}]" for v in cells) + " |")
     return [*out, ""]
 
 
@@ -563,7 +588,10 @@ def report_markdown(study: Study, budget: str, analysis: dict[str, Any],
     for e in analysis["excluded"]:
         lines.append(f"- Not in the family: {e['contrast']} ({e['stage']}, {e['point']}): "
                      f"{exclusion_text(e)}.")
-    lines += ["", "## Stages", ""]
+    lines.append("")
+    for d in data.values():
+        lines += distance_lines(d)
+    lines += ["## Stages", ""]
     for name, d in data.items():
         params = analysis["parameters"][name]
         for point in (p for p in d.stage.points() if p in d.values):
