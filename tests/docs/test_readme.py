@@ -103,7 +103,18 @@ def setup_quotes() -> list[str]:
             f"Python ≥ {python.removeprefix('>=')}"]
 
 
-SOURCES = {"paper preset": paper_sizes, "verdicts": verdict_quotes, "setup": setup_quotes}
+def stack_quotes() -> list[str]:
+    """xLSTM's stack as its paper names it, xLSTM[mLSTM layers:sLSTM layers], from the
+    pattern ``config.STACKS`` gives it."""
+    from ecp_lm.config import STACKS
+
+    kinds = [kind for part in STACKS["xlstm"].split(",")
+             for kind in [part.partition("*")[0]] * int(part.partition("*")[2] or 1)]
+    return [f"(xLSTM[{kinds.count('mlstm')}:{kinds.count('slstm')}])"]
+
+
+SOURCES = {"paper preset": paper_sizes, "verdicts": verdict_quotes, "setup": setup_quotes,
+           "stacks": stack_quotes}
 
 
 def quotes() -> list[str]:
