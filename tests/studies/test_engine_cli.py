@@ -120,8 +120,11 @@ def test_the_plan_counts_each_stages_steps_and_writes_nothing(tmp_path, monkeypa
         assert f"| {m} L2 | 60 | 4.000 | {60 * 4 / 3600:.2f} |" in text
         assert f"| {m} L4 | 120 | 4.000 | {120 * 4 / 3600:.2f} |" in text
     assert "perceiver_ar L" not in text
+    train = (9 * 34 * 1.0 + 8 * (60 + 120) * 4.0) / 3600 / 2
+    assert f"### every stage: {train:.2f} hours of training at --jobs 2, " in text
     assert not out.exists()  # nothing written
     assert main(["evidence4", "--stage", "recall", "--budget", "tiny", "--out", str(out),
                  "--plan"]) == 0
     text = capsys.readouterr().out
     assert "### recall" in text and "### language" not in text and not out.exists()
+    assert "### every stage" not in text

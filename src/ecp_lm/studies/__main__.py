@@ -73,10 +73,12 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     if args.plan:
         from ecp_lm.studies.runner import plan, plan_markdown
 
-        for name in names:
-            if name != "report":
-                print(plan_markdown(name, plan(works(stages[name]), args.jobs, threads)),
-                      end="")
+        plans = {name: plan(works(stages[name]), args.jobs, threads)
+                 for name in names if name != "report"}
+        for name, stage_plan in plans.items():
+            print(plan_markdown(name, stage_plan), end="")
+        if len(plans) > 1:
+            print(plan_total(plans, args.jobs))
         return 0
     root = output_folder(args.out or f"runs/{study.name}", study.name)
     for name in names:
@@ -94,6 +96,17 @@ def run(p: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             stage_run = run_language if isinstance(stage.task, Language) else run_recall
             stage_run(stage, out, args.jobs, threads, not args.quiet)
     return 0
+
+
+def plan_total(plans: dict[str, dict], jobs: int) -> str:
+    """One line: every stage's hours together, training and evaluation."""
+    train = sum(p["hours"] for p in plans.values())
+    unknown = [n for n, p in plans.items() if p["eval_hours"] is None]
+    evaluation = sum(p["eval_hours"] or 0 for p in plans.values())
+    return (f"### every stage: {train:.2f} hours of training at --jobs {jobs}, "
+            f"{evaluation:.2f} of evaluation, {train + evaluation:.2f} in all"
+            + (f" (evaluation not estimated for {', '.join(unknown)})" if unknown else "")
+            + "\n")
 
 
 def write_report(study, budget: str, root: Path, out: Path) -> None:
