@@ -458,6 +458,8 @@ def test_matching_the_feed_forwards_width_takes_the_nearest(arch, skeleton):
     assert abs(got - target) / target < 0.001 and matched.ff_width == matched.ff_hidden
     with pytest.raises(ValueError, match="field='d_model'"):
         match_parameters(like, "ecp", "d_model")
+    with pytest.raises(ValueError, match="arch='xlstm': ff_hidden does not change"):
+        match_parameters(ModelConfig.from_preset("small", arch="xlstm"), like, "ff_hidden")
 
 
 @pytest.mark.parametrize("arch", RECURRENT)

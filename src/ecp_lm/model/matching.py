@@ -46,6 +46,9 @@ def match_parameters(cfg: ModelConfig, like: str | ModelConfig = "ecp",
 
     # The count grows with the width: search the multiples of n_heads for the nearest.
     low, high = 1, max(2, 4 * cfg.d_model // step)
+    if count(step) == count(high * step):
+        raise ValueError(f"arch={cfg.arch!r}: {field} does not change its parameter count, so "
+                         f"it cannot match {like.arch!r}'s")
     while count(high * step) < target:
         high *= 2
     while high - low > 1:

@@ -32,6 +32,8 @@ training (mechanism, language, replication, pixels), 0.15, 0.47, 0.11 and 0.32 o
 - one language budget point (1,600 steps), not two (1.0 hour);
 - xLSTM's pixel runs at ``full`` only (its sLSTM cell runs token by token, 784 steps per
   image: 1.9 hours, a third of the stage).
+xLSTM has no width the engine can match (its blocks' widths follow d_model): at ``full`` it
+runs at its own size, about 0.6 of ECP's parameters, which its rows state.
 Primary family (ten, declared before any run): the two mechanism contrasts, and on both
 corpora ECP against PerceiverAR (equal parameters and tokens), Mamba, RWKV-4 and Llama.
 """
