@@ -33,8 +33,9 @@ test: lint
 docs: setup
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
-# The generated reference pages (command line, configuration, API), the mask pictures and the
-# results page (its prose in evidence4/results.md.in, its numbers from the committed report).
+# The generated reference pages (command line, configuration, API), the mask pictures, the
+# results page and the landing pages' results block (their prose in the leading study's
+# results.md.in and landing.md.in, their numbers from its committed report).
 docs-gen: setup
 	$(BIN)/python -m ecp_lm.docsgen
 

@@ -64,7 +64,7 @@ def one_line(text: str) -> str:
 def analysed():
     study = load(LEAD)
     data = report.load(study, BUDGET, FOLDER)
-    return study, data, report.analyse(study, data)
+    return study, data, report.analyse(study, data, budget=BUDGET)
 
 
 @pytest.mark.parametrize("page", [RESULTS, *LANDING.values()], ids=lambda p: p.name)
@@ -202,17 +202,30 @@ def test_every_sentence_about_seeds_is_generated_from_the_data(page):
 
 def test_the_newest_study_with_a_template_and_a_report_leads(tmp_path):
     """Evidence IV leads until Evidence V has both its template and its report; then the
-    page is Evidence V's, its cost claims and compressor rows from its report."""
+    page and the landing pages' results block are Evidence V's, its cost claims and compressor
+    rows from its report, each block's links relative to its page."""
     import shutil
 
     evidence4 = ROOT / "evidence4"
     budget = "full" if (evidence4 / "report" / "full" / "verdicts.json").exists() else "small"
     shutil.copytree(evidence4 / "report", tmp_path / "evidence4" / "report")
-    shutil.copy(evidence4 / "results.md.in", tmp_path / "evidence4" / "results.md.in")
+    for template in ("results.md.in", "landing.md.in"):
+        shutil.copy(evidence4 / template, tmp_path / "evidence4" / template)
     (tmp_path / "evidence5").mkdir()
     (tmp_path / "evidence5" / "results.md.in").write_text(
         "# Evidence V\n\n{VERDICTS}\n\n{COMPRESSORS}\n\n{COSTS}\n")
+    (tmp_path / "evidence5" / "landing.md.in").write_text(
+        "Evidence V.\n\n{VERDICTS}\n\n[Results]({DOCS}results.md).\n")
+    begin, end = results_page.LANDING_MARKS
+    for page in results_page.LANDINGS:
+        (tmp_path / page).parent.mkdir(exist_ok=True)
+        (tmp_path / page).write_text(f"# ecp-lm\n\n{begin}\nold\n{end}\n\n## More\n")
     assert results_page.lead(tmp_path) == "evidence4"
+    assert results_page.landing(tmp_path, "README.md") == (
+        "# ecp-lm\n\n" + begin + "\n" + (evidence4 / "landing.md.in").read_text().replace(
+            "{DOCS}", "docs/").replace("{VERDICTS}", "\n".join(report.verdict_lines(
+                json.loads((evidence4 / "report" / budget / "verdicts.json").read_text()))))
+        + end + "\n\n## More\n")
     older = results_page.render(tmp_path)
     assert older.startswith((evidence4 / "results.md.in").read_text().split("\n\n")[0])
     if LEAD == "evidence4":
@@ -228,6 +241,10 @@ def test_the_newest_study_with_a_template_and_a_report_leads(tmp_path):
     assert results_page.lead(tmp_path) == "evidence5"
     page = results_page.render(tmp_path)
     assert page.startswith("# Evidence V\n")
+    for page_name, docs in (("README.md", "docs/"), ("docs/index.md", "")):
+        block = results_page.landing(tmp_path, page_name).split(begin)[1].split(end)[0]
+        assert block.startswith("\nEvidence V.\n\n| comparison |")
+        assert block.endswith(f"[Results]({docs}results.md).\n")
     assert "| 17.2% | 23.4% | no, no |" in page
     compressors = [line for line in text.splitlines() if "(reference)" in line]
     assert compressors

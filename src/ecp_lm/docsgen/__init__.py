@@ -4,8 +4,9 @@
 - ``docs/reference/config.md`` from the config dataclasses and presets (``config_page``);
 - ``docs/reference/api.md``, mkdocstrings directives for the public API (``api_page``);
 - ``docs/img/masks/*.svg``, each architecture's attention mask from its predicate (``masks``);
-- ``docs/results.md``, its prose from ``evidence4/results.md.in`` and its numbers from the
-  committed report (``results_page``);
+- ``docs/results.md``, its prose from the leading study's ``results.md.in`` and its numbers
+  from the committed report, and the results block of ``README.md`` and ``docs/index.md`` from
+  its ``landing.md.in`` (``results_page``);
 - ``docs/img/evidence5-mechanism.svg``, Evidence V's accuracy against distance from its
   committed verdict file (``mechanism``).
 
@@ -32,6 +33,10 @@ def render_all(root: Path | None = None) -> dict[str, str]:
     results = None if root is None else results_page.render(root)
     if results is not None:
         pages[results_page.PAGE] = results
+    for page in results_page.LANDINGS:
+        text = None if root is None else results_page.landing(root, page)
+        if text is not None:
+            pages[page] = text
     picture = None if root is None else mechanism.render(root)
     if picture is not None:
         pages[mechanism.PICTURE] = picture

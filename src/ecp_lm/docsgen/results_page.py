@@ -1,7 +1,8 @@
 """``docs/results.md``: the results page, its prose from the leading study's template
 (``STUDY/results.md.in``) and its numbers from that study's committed report
 (``STUDY/report/small``). The newest study of ``STUDIES`` whose template and report are both
-committed leads.
+committed leads. The landing pages' results block (README.md, docs/index.md, between
+``LANDING_MARKS``) comes from its ``STUDY/landing.md.in`` the same way.
 
 The prose holds placeholders that the report fills: ``{VERDICTS}`` the verdict table
 (``report.verdict_lines``), ``{PRIMARY}`` the primary family's table, ``{STAGES}``,
@@ -21,6 +22,10 @@ from pathlib import Path
 STUDIES = ("evidence5", "evidence4")
 """The studies that can lead the page, newest first."""
 PAGE = "docs/results.md"
+LANDINGS = {"README.md": "docs/", "docs/index.md": ""}
+"""The landing pages whose results block is rendered, each with its path to ``docs/``."""
+LANDING_MARKS = ("<!-- results: rendered from the leading study's landing.md.in -->",
+                 "<!-- /results -->")
 SECTIONS = {"STAGES": "Stages", "SECONDARY": "Secondary comparisons", "COSTS": "Cost claims"}
 """The placeholders that stand for a report section verbatim, by the section's title."""
 
@@ -66,11 +71,31 @@ def compressor_rows(report: str) -> str:
 
 def render(root: Path) -> str | None:
     """The page, or None where the repository at ``root`` has no study to lead it."""
+    study = lead(root)
+    return None if study is None else fill(root, study, template_of(study))
+
+
+def landing(root: Path, page: str) -> str | None:
+    """``page`` (a landing page of ``LANDINGS``) with its block between ``LANDING_MARKS``
+    rendered from the leading study's ``landing.md.in`` (``{DOCS}`` the path from the page to
+    ``docs/``); None where there is no study to lead or no such page or block."""
+    study, path = lead(root), root / page
+    if study is None or not path.is_file() or not (root / study / "landing.md.in").is_file():
+        return None
+    text = path.read_text()
+    begin, end = LANDING_MARKS
+    if begin not in text or end not in text:
+        return None
+    block = fill(root, study, f"{study}/landing.md.in").replace("{DOCS}", LANDINGS[page])
+    head, rest = text.split(begin, 1)
+    return f"{head}{begin}\n{block}{end}{rest.split(end, 1)[1]}"
+
+
+def fill(root: Path, study: str, template: str) -> str:
+    """``template`` (a path under ``root``) with its placeholders filled from ``study``'s
+    committed report."""
     from ecp_lm.studies.report import seed_sentence, verdict_lines
 
-    study = lead(root)
-    if study is None:
-        return None
     verdicts = json.loads((root / report_of(study) / "verdicts.json").read_text())
     report = (root / report_of(study) / "report.md").read_text()
 
@@ -83,7 +108,7 @@ def render(root: Path) -> str | None:
         starts = not before or before.endswith((".", "\n"))
         return text[0].upper() + text[1:] if starts else text
 
-    text = (root / template_of(study)).read_text()
+    text = (root / template).read_text()
     for name, title in SECTIONS.items():
         text = text.replace(f"{{{name}}}", f"{{SECTION:{title}}}")
     if "{COMPRESSORS}" in text:
