@@ -124,11 +124,15 @@ def numbers_in(text: str) -> set[str]:
 
 
 def protocol_numbers(analysis, ran) -> set[str]:
-    """What the page may write outside the tables: the seeds, budgets, sizes, grids, fits and
-    wall times of the spec and of the stages that ran (``ran``), and the protocol's
-    thresholds."""
+    """What the page may write outside the tables: the numbers the spec's text states, the
+    seeds, budgets, sizes, grids, fits and wall times of the stages that ran (``ran``), and the
+    protocol's thresholds."""
+    import importlib
+
     study = load(LEAD)
     out = {"2", "95", "10", str(analysis["alpha"]), "0.02", "1", "0"}
+    # what the spec's own text states (the research's figures it quotes among them)
+    out |= numbers_in(importlib.import_module(f"ecp_lm.studies.specs.{LEAD}").__doc__)
     for name, stage in study.stages(BUDGET).items():
         if name not in ran:
             continue
@@ -139,7 +143,10 @@ def protocol_numbers(analysis, ran) -> set[str]:
             n = task.task["seq_len"]
             out |= {str(n), str(n // task.num_segments),
                     *map(str, task.task.get("distances", ()))}
-        for v in [*getattr(task, "size", {}).values(), *getattr(task, "depths", ()),
+        size = getattr(task, "size", {})
+        if "num_segments" in size:  # language: m
+            out.add(str(size["seq_len"] // size["num_segments"]))
+        for v in [*size.values(), *getattr(task, "depths", ()),
                   getattr(task, "select_steps", 0), getattr(task, "select_tokens", 0) or 0]:
             out |= {str(v), f"{v:,}" if isinstance(v, int) else str(v)}
         seconds = sum(i["seconds"] for i in json.loads(
@@ -254,16 +261,34 @@ def test_the_newest_study_with_a_template_and_a_report_leads(tmp_path):
 
 
 def test_a_template_takes_any_report_section_and_says_when_no_compressor_ran(tmp_path):
-    """``{SECTION:TITLE}`` is that section of the report verbatim; ``{COMPRESSORS}`` on a
-    report without a language stage says so instead of drawing an empty table."""
+    """``{SECTION:TITLE}`` is that section of the report verbatim (a ``###`` one up to the
+    next heading of its level); ``{COMPRESSORS}`` on a report without a language stage says so
+    instead of drawing an empty table."""
     folder = tmp_path / "evidence5"
     (folder / "report" / "small").mkdir(parents=True)
-    (folder / "results.md.in").write_text("{SECTION:Accuracy by distance}\n\n{COMPRESSORS}\n")
+    (folder / "results.md.in").write_text(
+        "{SECTION:Accuracy by distance}\n\n{SECTION:Context gain}\n\n{COMPRESSORS}\n")
     (folder / "report" / "small" / "verdicts.json").write_text(
         '{"comparisons": [], "excluded": []}')
     (folder / "report" / "small" / "report.md").write_text(
         "# r\n\n## Primary family: 0\n\n## Accuracy by distance: mechanism\n\n| a | b |\n\n"
-        "## Stages\n\n### mechanism at 30 steps: accuracy\n")
+        "## Stages\n\n### mechanism at 30 steps: accuracy\n\n| m |\n\n"
+        "### Context gain (secondary)\n\n| g |\n\n## Secondary comparisons\n\n| s |\n")
     page = results_page.render(tmp_path)
-    assert page == ("| a | b |\n\nNo language stage has run yet, so no compressor is scored "
-                    "beside the models.\n")
+    assert page == ("| a | b |\n\n| g |\n\nNo language stage has run yet, so no compressor is "
+                    "scored beside the models.\n")
+
+
+def test_a_part_of_the_template_shows_once_its_stage_has_run(tmp_path):
+    """``{IF:STAGE}`` … ``{/IF:STAGE}``: kept where the verdict file has runs of that stage,
+    dropped (with its line ends) where it has none."""
+    folder = tmp_path / "evidence5"
+    (folder / "report" / "small").mkdir(parents=True)
+    (folder / "results.md.in").write_text(
+        "# R\n{IF:mechanism}\nran: mechanism\n{/IF:mechanism}\n{IF:pixels}\nran: pixels\n"
+        "{/IF:pixels}\nend\n")
+    (folder / "report" / "small" / "verdicts.json").write_text(json.dumps(
+        {"comparisons": [], "excluded": [], "runs": [
+            {"stage": "mechanism", "point": "d2", "model": "ecp@L2", "seed": 0, "value": 1}]}))
+    (folder / "report" / "small" / "report.md").write_text("# r\n")
+    assert results_page.render(tmp_path) == "# R\nran: mechanism\nend\n"

@@ -8,7 +8,8 @@ The prose holds placeholders that the report fills: ``{VERDICTS}`` the verdict t
 (``report.verdict_lines``), ``{PRIMARY}`` the primary family's table, ``{STAGES}``,
 ``{SECONDARY}`` and ``{COSTS}`` those sections of ``report.md`` verbatim, ``{COMPRESSORS}`` the
 compressors' rows of the stage tables, ``{SECTION:TITLE}`` the report's section of that title
-verbatim, and ``{seed:STAGE:POINT:A:B}`` the seed sentence of that
+verbatim, ``{IF:STAGE}`` … ``{/IF:STAGE}`` text kept only once that stage has runs (a study
+that runs in parts), and ``{seed:STAGE:POINT:A:B}`` the seed sentence of that
 comparison (``report.seed_sentence``; capitalised where it starts a sentence). So no number on
 the page is typed by hand.
 """
@@ -45,11 +46,15 @@ def lead(root: Path) -> str | None:
 
 
 def section(report: str, title: str) -> str:
-    """The text under ``## title`` in ``report`` (up to the next ``## ``)."""
-    found = re.search(rf"^## {re.escape(title)}[^\n]*\n(.*?)(?=^## |\Z)", report, re.S | re.M)
+    """The text under the ``##`` or ``###`` heading that starts with ``title`` in ``report``,
+    up to the next heading of its level or above."""
+    found = re.search(rf"^(##|###) {re.escape(title)}[^\n]*\n", report, re.M)
     if found is None:
         raise ValueError(f"the report has no section {title!r}")
-    return found.group(1).strip()
+    level = len(found.group(1))
+    rest = report[found.end():]
+    end = re.search(rf"^#{{1,{level}}} ", rest, re.M)
+    return rest[:end.start() if end else len(rest)].strip()
 
 
 def compressor_rows(report: str) -> str:
@@ -101,14 +106,20 @@ def fill(root: Path, study: str, template: str) -> str:
 
     def seed(match: re.Match) -> str:
         stage, point, a, b = match.group(1).split(":")
-        [row] = [r for r in verdicts["comparisons"]
-                 if (r["stage"], r["point"], r["a"], r["b"]) == (stage, point, a, b)]
+        rows = [r for r in verdicts["comparisons"]
+                if (r["stage"], r["point"], r["a"], r["b"]) == (stage, point, a, b)]
+        if len(rows) != 1:
+            raise ValueError(f"{template}: {match.group(0)} names no comparison of the report")
+        [row] = rows
         text = seed_sentence(row)
         before = match.string[:match.start()].rstrip(" ")
         starts = not before or before.endswith((".", "\n"))
         return text[0].upper() + text[1:] if starts else text
 
-    text = (root / template).read_text()
+    ran = {r["stage"] for r in verdicts.get("runs", [])}
+    text = re.sub(r"\{IF:(\w+)\}\n?(.*?)\{/IF:\1\}\n?",
+                  lambda m: m.group(2) if m.group(1) in ran else "",
+                  (root / template).read_text(), flags=re.S)
     for name, title in SECTIONS.items():
         text = text.replace(f"{{{name}}}", f"{{SECTION:{title}}}")
     if "{COMPRESSORS}" in text:
