@@ -30,6 +30,16 @@ def verdicts():
     return {"runs": runs}
 
 
+def test_a_model_is_drawn_only_at_the_depths_it_ran():
+    v = verdicts()
+    v["runs"] += [{"stage": "mechanism", "point": f"d{d}", "model": "rwkv7@L2", "seed": 0,
+                   "metric": "accuracy", "value": 0.5} for d in DISTANCES]
+    svg = ET.fromstring(draw(v))
+    drawn = {int(g.get("data-depth")): {p.get("data-model") for p in g.iter(f"{NS}polyline")}
+             for g in svg.iter(f"{NS}g")}
+    assert "rwkv7" in drawn[2] and "rwkv7" not in drawn[4]
+
+
 def axis_x(d: float) -> float:
     """Where the picture's log-2 axis puts distance d (2 … 64, a margin of 0.3 on each side)."""
     lo, hi = math.log2(2) - 0.3, math.log2(64) + 0.3

@@ -91,7 +91,9 @@ def draw(verdicts: dict) -> str:
                        f'x2="{x(r)}" y1="0" y2="{HEIGHT}" stroke="{colour[m]}" '
                        f'stroke-dasharray="4,3"/>')
         for m in models:
-            cells = runs.get((m, depth), {})
+            cells = runs.get((m, depth))
+            if not cells:  # a model that does not run at this depth
+                continue
             points = " ".join(f"{x(d)},{y(statistics.fmean(v))}" for d, v in sorted(
                 cells.items()))
             out.append(f'<polyline class="mean" data-model="{escape(m)}" points="{points}" '
