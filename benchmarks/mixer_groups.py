@@ -10,7 +10,8 @@ Modes (``ecp_lm.model.archs.recurrent``):
   backward (one group as long as the input, no recomputation);
 - ``groups``: groups of ``GROUP_TOKENS`` rows one after the other, every intermediate kept;
 - ``recompute`` (the default): groups, each recomputed in backward from its rows and its start
-  state (an input of one group is not recomputed: there it is ``groups``).
+  state (a small input of one group, ``recurrent.KEEP_ELEMENTS``, is not: there it is
+  ``groups``).
 
 Each layer is d_model 256 with 4 heads at its default sizes, float32, batch 1, on random rows
 (fixed seed). Columns: microseconds per token of a forward and backward pass (the median of

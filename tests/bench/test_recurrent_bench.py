@@ -110,7 +110,7 @@ def test_the_page_quotes_the_recorded_groups_table(groups):
 def test_a_small_groups_run_shows_what_each_mode_keeps(groups, tmp_path, capsys):
     """Two lengths of mamba2 in the three modes: the kept bytes per token of ``whole`` and
     ``groups`` are the kernel's intermediates, ``recompute``'s a state per group past one group
-    (a window of one group is never recomputed, so it keeps what ``groups`` keeps); the
+    (a small call of one group is not recomputed, so it keeps what ``groups`` keeps); the
     module's settings are put back after."""
     from ecp_lm.model.archs import recurrent
 

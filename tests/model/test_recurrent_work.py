@@ -151,10 +151,11 @@ def test_backward_recomputes_each_group_exactly_under_its_autocast(arch, monkeyp
 
 
 @pytest.mark.parametrize("arch", RECURRENT)
-def test_a_window_of_one_group_runs_each_mixer_once(arch, monkeypatch):
-    """A training step on a window of one group (30 tokens, groups of 512): each layer's mixer
-    runs once, in the forward (backward differentiates what ran, no recomputation), and every
-    gradient equals the token-by-token recurrence's, in float64."""
+def test_a_small_call_runs_each_mixer_once(arch, monkeypatch):
+    """A training step on a small call (one group of 30 tokens, its rows under
+    ``KEEP_ELEMENTS``): each layer's mixer runs once, in the forward (backward differentiates
+    what ran, no recomputation), and every gradient equals the token-by-token recurrence's, in
+    float64. With the same rows over ``KEEP_ELEMENTS``, backward recomputes each layer."""
     model = sharp_model(arch, attn_impl="chunked", **chunks(4, arch)).double().train()
     reference = sharp_model(arch, attn_impl="reference", **chunks(4, arch)).double().train()
     reference.load_state_dict(model.state_dict())
@@ -169,6 +170,11 @@ def test_a_window_of_one_group_runs_each_mixer_once(arch, monkeypatch):
     tokens = random_tokens(2, 31, seed=5)
     model.loss(tokens).backward()
     assert calls == ["chunked"] * len(model.blocks)
+    calls.clear()
+    monkeypatch.setattr(recurrent, "KEEP_ELEMENTS", 2 * 30 * model.cfg.d_model - 1)
+    model.zero_grad()
+    model.loss(tokens).backward()
+    assert calls == ["chunked"] * 2 * len(model.blocks)
     reference.loss(tokens).backward()
     for (name, a), b in zip(model.named_parameters(), reference.parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-11, rtol=1e-9, msg=name)

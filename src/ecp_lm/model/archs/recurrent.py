@@ -19,10 +19,10 @@ reads its rows in order and carries a fixed-size state from each position to the
   disable the compiler);
 - the chunked kernel runs a layer in groups of ``GROUP_TOKENS`` rows, one after the other, each
   from the state the one before left (``RecurrentMixer.mix_chunked``): its intermediates are
-  one group's, whatever the length; with autograd on and more than one group, each group is
-  recomputed in backward from its input and its start state, so a layer keeps its input and
-  output for backward, not the kernel's intermediates (a window of one group keeps them: its
-  memory does not grow with length either way, and backward runs one forward fewer);
+  one group's, whatever the length; with autograd on, each group is recomputed in backward
+  from its input and its start state, so a layer keeps its input and output for backward,
+  not the kernel's intermediates; a small call (one group, at most ``KEEP_ELEMENTS`` numbers
+  in its rows) keeps them instead and saves backward a forward;
 - context parallelism is refused: a shard would need the state of every shard before it.
 
 A mixer module has Attention's interface (``forward(x, rows, n_query, cache, ...)`` and
@@ -55,10 +55,15 @@ GROUP_TOKENS = 512
 """Rows the chunked kernel takes at once (rounded down to whole chunks, at least one): a
 group's intermediates stay in the CPU's caches, and it is what backward recomputes at once."""
 RECOMPUTE_GROUPS = True
-"""Whether backward recomputes each group of a window longer than one group from its rows and
-start state (memory per token independent of the kernel), or keeps every group's
-intermediates (one forward fewer); benchmarks/mixer_groups.py measures both. A window of one
-group always keeps them."""
+"""Whether backward recomputes each group from its rows and start state (memory per token
+independent of the kernel), or keeps every group's intermediates (one forward fewer);
+benchmarks/mixer_groups.py measures both. A small call keeps them either way
+(``KEEP_ELEMENTS``)."""
+KEEP_ELEMENTS = 1 << 18
+"""The most numbers a call's rows (batch × rows × d_model) may hold for a call of one group to
+keep its intermediates rather than recompute them in backward: they are some tens of times its
+rows (a few MiB here), and recomputing would cost a whole extra forward of the mixer. Recall
+tasks of short windows and small widths train this way."""
 FLA_MIN_VERSION = (0, 4, 0)
 """The oldest flash-linear-attention whose entry points take what the mixers pass (the ``fla``
 extra's pin): 0.3.2's ``chunk_gated_delta_rule`` asserts against float32 q, k, v."""
@@ -257,11 +262,12 @@ class RecurrentMixer(nn.Module):
         from the state the group before it left. With autograd on, each group is recomputed in
         backward from its rows and its start state (``_Recompute``; where torch.compile traces,
         ``torch.utils.checkpoint``; a mixer draws no random numbers), so that what the layer
-        keeps for backward is its rows and one state per group, whatever the length. A window
-        of one group is run once and differentiated as it ran."""
+        keeps for backward is its rows and one state per group, whatever the length. A small
+        call (one group, ``KEEP_ELEMENTS``) is run once and differentiated as it ran."""
         chunk = self.chunk or 1  # a cell without chunks (sLSTM's): groups of GROUP_TOKENS
         span = max(1, GROUP_TOKENS // chunk) * chunk
-        recompute = RECOMPUTE_GROUPS and torch.is_grad_enabled() and x.size(1) > span
+        small = x.size(1) <= span and x.numel() <= KEEP_ELEMENTS
+        recompute = RECOMPUTE_GROUPS and torch.is_grad_enabled() and not small
         outputs = []
         # Split once: slicing a group out inside the loop would cost its backward a zero-filled
         # gradient of all the rows per group.

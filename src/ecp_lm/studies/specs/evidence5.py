@@ -25,9 +25,10 @@ models. ``--plan`` at ``small`` on an idle machine, ``--jobs 2`` (2026-12-07, th
 counts at the step times timed that day before the runs): 5.85, 5.90, 2.78 and 3.19 hours of
 training (mechanism, language, replication, pixels), 0.15, 0.47, 0.11 and 0.32 of evaluation:
 18.8 hours (24.1 with the choices below undone). Within the 20 hours by
-- the same arithmetic, faster: a recurrent layer's window of one group is no longer
-  recomputed in backward, and Mamba-2 and Gated DeltaNet run chunks of 16 (their fastest at
-  N = 64 here; their rate trials ran chunks of 64, the same function): 0.5 to 0.7 of their step;
+- the same arithmetic, faster: a recurrent layer's small call (one group, its rows at most
+  ``recurrent.KEEP_ELEMENTS`` numbers) is no longer recomputed in backward, and Mamba-2 and
+  Gated DeltaNet run chunks of 16 (their fastest at N = 64 here; their rate trials ran chunks
+  of 64, the same function): 0.5 to 0.75 of their step;
 - the recurrent mixers at L = 2 and 4 only (their reach is the whole window at any depth, so
   L = 8 tests nothing of the mechanism; it would take 2.3 hours); they run L = 8 at ``full``;
 - one language budget point (1,600 steps), not two (1.0 hour);
