@@ -115,13 +115,16 @@ def _chunks(q: Tensor, k: Tensor, v: Tensor, i_pre: Tensor, log_f: Tensor, size:
     end_n = torch.einsum("bhnl,bhnlk->bhnk", weight, k)
     c, n, m = state
     starts = []
-    for i in range(n_chunks):
+    # Unbound once: indexing chunk i inside the loop would cost each chunk's backward a
+    # zero-filled gradient of every chunk's tensor.
+    for decay, e_m, e_c, e_n in zip(*(x.unbind(2) for x in (cum[..., -1], end_m, end_c, end_n)),
+                                    strict=True):
         starts.append((c, n, m))
-        old = cum[:, :, i, -1] + m
-        new = torch.maximum(old, end_m[:, :, i])
-        keep, add = torch.exp(old - new), torch.exp(end_m[:, :, i] - new)
-        c = keep[..., None, None] * c + add[..., None, None] * end_c[:, :, i]
-        n = keep[..., None] * n + add[..., None] * end_n[:, :, i]
+        old = decay + m
+        new = torch.maximum(old, e_m)
+        keep, add = torch.exp(old - new), torch.exp(e_m - new)
+        c = keep[..., None, None] * c + add[..., None, None] * e_c
+        n = keep[..., None] * n + add[..., None] * e_n
         m = new
     s_c, s_n, s_m = (torch.stack(x, dim=2) for x in zip(*starts, strict=True))
     before = cum + s_m[..., None]  # (B, H, n, L): the state's log-weight at row t

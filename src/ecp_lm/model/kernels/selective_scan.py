@@ -80,9 +80,12 @@ def _chunks(x: Tensor, dt: Tensor, a: Tensor, b: Tensor, c: Tensor, size: int, h
         decay = torch.cat([decay[:, :, :step], decay[:, :, step:] * decay[:, :, :-step]], dim=2)
         step *= 2
     starts = []
-    for i in range(k):
+    # Unbound once: indexing chunk i inside the loop would cost each chunk's backward a
+    # zero-filled gradient of the whole scan.
+    for decay_i, push_i in zip(decay[:, :, -1].unbind(1), push[:, :, -1].unbind(1),
+                               strict=True):
         starts.append(h)
-        h = decay[:, i, -1] * h + push[:, i, -1]
+        h = decay_i * h + push_i
     states = push + decay * torch.stack(starts, dim=1)[:, :, None]  # (B, k, L, E, N)
     y = (states * c.view(bt, k, size, 1, -1)).sum(-1)
     return y.reshape(bt, t, e), h

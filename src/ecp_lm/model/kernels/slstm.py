@@ -28,14 +28,16 @@ State = tuple[Tensor, Tensor, Tensor, Tensor]
 def slstm_recurrent(wx: Tensor, r: Tensor, bias: Tensor, state: State | None = None,
                     forget: str = "sigmoid") -> tuple[Tensor, State]:
     """(h (B, T, H, D), the state after the last token)."""
-    b, t, _, heads, d = wx.shape
+    b, _, _, heads, d = wx.shape
     if state is None:
         zeros = wx.new_zeros(b, heads, d)
         state = (zeros, zeros, zeros, zeros)
     h, c, n, m = state
     out = []
-    for step in range(t):
-        pre = wx[:, step] + torch.einsum("bhd,ghde->bghe", h, r) + bias  # (B, 4, H, D)
+    # Unbound once: selecting step t inside the loop would cost each step's backward a
+    # zero-filled gradient of the whole input (quadratic in T).
+    for x_t in wx.unbind(1):
+        pre = x_t + torch.einsum("bhd,ghde->bghe", h, r) + bias  # (B, 4, H, D)
         z, i, f, o = pre.unbind(1)
         log_f = (F.logsigmoid(f) if forget == "sigmoid" else f) + m
         new = torch.where(n == 0, i, torch.maximum(i, log_f))

@@ -118,12 +118,15 @@ def _chunks(w: Tensor, u: Tensor, k: Tensor, v: Tensor, size: int, state: State
     # The state at each chunk's start: the one before, decayed by a chunk, plus its sums.
     num, den, top = state
     starts = []
-    for i in range(n):
+    # Unbound once: indexing chunk i inside the loop would cost each chunk's backward a
+    # zero-filled gradient of every chunk's tensor.
+    for e_top, e_num, e_den in zip(end_top.unbind(1), end_num.unbind(1), end_den.unbind(1),
+                                   strict=True):
         starts.append((num, den, top))
         old = top + size * w
-        high = torch.maximum(old, end_top[:, i])
-        a, e = torch.exp(old - high), torch.exp(end_top[:, i] - high)
-        num, den, top = a * num + e * end_num[:, i], a * den + e * end_den[:, i], high
+        high = torch.maximum(old, e_top)
+        a, e = torch.exp(old - high), torch.exp(e_top - high)
+        num, den, top = a * num + e * e_num, a * den + e * e_den, high
     s_num, s_den, s_top = (torch.stack(x, dim=1) for x in zip(*starts, strict=True))  # (B, n, C)
     # Row j also sees the state before the chunk, decayed by j steps.
     before = s_top[:, :, None] + steps[:, None] * w  # (B, n, L, C)
