@@ -33,7 +33,8 @@ training (mechanism, language, replication, pixels), 0.15, 0.47, 0.11 and 0.32 o
   L = 8 tests nothing of the mechanism; it would take 2.3 hours); they run L = 8 at ``full``;
 - one language budget point (1,600 steps), not two (1.0 hour);
 - xLSTM's pixel runs at ``full`` only (its sLSTM cell runs token by token, 784 steps per
-  image: 1.9 hours, a third of the stage).
+  image: 1.9 hours that day, a third of the stage; about 1.1 once its loop stopped indexing
+  each step, still nearly all of the 1.2 hours left).
 xLSTM has no width the engine can match (its blocks' widths follow d_model): at ``full`` it
 runs at its own size, about 0.6 of ECP's parameters, which its rows state.
 Primary family (ten, declared before any run): the two mechanism contrasts, and on both
