@@ -19,7 +19,7 @@ where its files are; no package registry ships its images, so ``small`` runs mni
 The research reports 64.42% for ECP (12 layers) on sCIFAR-10: quoted as its figure, not ours.
 
 ``small`` is what this CPU can run; the other named rivals join at ``full``, sized for a GPU:
-Mamba and RWKV-4 train at a twentieth and a third of ECP's tokens/s here (docs/performance.md),
+Mamba and RWKV-4 train at 0.08 and 0.4 of ECP's tokens/s here (docs/performance.md),
 so their language runs alone would exceed the study's 20 hours, as would nine more mechanism
 models. ``--plan`` at ``small`` on an idle machine, ``--jobs 2`` (2026-12-07, this spec's step
 counts at the step times timed that day before the runs): 5.85, 5.90, 2.78 and 3.19 hours of
