@@ -35,6 +35,10 @@ def template_of(study: str) -> str:
     return f"{study}/results.md.in"
 
 
+def landing_of(study: str) -> str:
+    return f"{study}/landing.md.in"
+
+
 def report_of(study: str) -> str:
     return f"{study}/report/small"
 
@@ -85,13 +89,13 @@ def landing(root: Path, page: str) -> str | None:
     rendered from the leading study's ``landing.md.in`` (``{DOCS}`` the path from the page to
     ``docs/``); None where there is no study to lead or no such page or block."""
     study, path = lead(root), root / page
-    if study is None or not path.is_file() or not (root / study / "landing.md.in").is_file():
+    if study is None or not path.is_file() or not (root / landing_of(study)).is_file():
         return None
     text = path.read_text()
     begin, end = LANDING_MARKS
     if begin not in text or end not in text:
         return None
-    block = fill(root, study, f"{study}/landing.md.in").replace("{DOCS}", LANDINGS[page])
+    block = fill(root, study, landing_of(study)).replace("{DOCS}", LANDINGS[page])
     head, rest = text.split(begin, 1)
     return f"{head}{begin}\n{block}{end}{rest.split(end, 1)[1]}"
 

@@ -11,6 +11,7 @@ its low-rank maps and per-channel vectors on top.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
 
@@ -41,6 +42,7 @@ def match_parameters(cfg: ModelConfig, like: str | ModelConfig = "ecp",
         return cfg
     target, step = parameter_count(like), cfg.n_heads if field == "mixer_width" else 1
 
+    @functools.cache  # the first count of the search is also the one that checks the width
     def count(width: int) -> int:
         return parameter_count(dataclasses.replace(cfg, **{field: width}))
 

@@ -219,8 +219,8 @@ def analyse(study: Study, data: Mapping[str, StageData], alpha: float = stats.AL
     for c in study.primary:
         if c.stage not in stages:
             continue
-        cells, d = [m for m, _ in c.weights], data.get(c.stage)
-        absent = [m for m in cells if m not in stages[c.stage].cells()]
+        cells, d, have = [m for m, _ in c.weights], data.get(c.stage), set(stages[c.stage].cells())
+        absent = [m for m in cells if m not in have]
         if not absent and d is not None:
             c = resolve(c, d)
             primary.append(c)
