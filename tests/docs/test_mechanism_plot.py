@@ -1,7 +1,7 @@
 """Evidence V's accuracy-against-distance picture (``docsgen.mechanism``) read back: each
-model's line passes through its mean over seeds at every distance, the bounded models' reach is
-drawn where their definitions put it (ECP L·m, a window L·(w − 1)), and an unbounded model has
-none."""
+model's line passes through its mean over seeds at every distance, a bounded model's reach is
+drawn at the furthest its definition lets a query see (ECP L·m + m − 1, a window L·(w − 1)),
+and an unbounded model has none."""
 
 from __future__ import annotations
 
@@ -65,5 +65,6 @@ def test_each_line_is_the_mean_over_seeds_and_the_reach_is_the_definitions():
                  for ln in g.iter(f"{NS}line") if ln.get("class") == "reach"}
         m, w = 4, 4  # the small task: N = 64 in 16 segments; the tile window w = m
         assert set(reach) == {"ecp", "sliding_window_tiles"}
-        assert round(reach["ecp"]) == round(axis_x(depth * m))
+        # a segment's last query sees its own m - 1 and L segments before them
+        assert round(reach["ecp"]) == round(axis_x(depth * m + m - 1))
         assert round(reach["sliding_window_tiles"]) == round(axis_x(depth * (w - 1)))

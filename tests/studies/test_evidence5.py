@@ -133,14 +133,58 @@ def test_the_report_reads_each_distance_as_a_point(tmp_path):
         in text.split("## Accuracy by distance: mechanism")[1].split("## Stages")[0]
 
 
+SMALL = STUDY.stages("small")["mechanism"]
+
+
+def masks(model: str, n: int = 64, m: int = 4, heads: int = 4) -> list[list[list[bool]]]:
+    """Each head's mask, ``mask[q][kv]``, written from the spec's table (docs/spec.md §3, §3b)
+    at the small task's N = 64, m = 4: ECP sees its segment and the one before; a window the
+    last w positions (w = 7, ECP's entries; w = m, tiles); block_local its block of 2m; S² its
+    group of m in half the heads and the group shifted by m/2 in the other half."""
+    rules = {"ecp": lambda q, k: q // m - 1 <= k // m,
+             "sliding_window": lambda q, k: q - 7 < k,
+             "sliding_window_tiles": lambda q, k: q - m < k,
+             "block_local": lambda q, k: q // (2 * m) == k // (2 * m)}
+    shifted = lambda q, k: (q + m // 2) // m == (k + m // 2) // m  # noqa: E731
+    per_head = ([lambda q, k: q // m == k // m] * (heads // 2) + [shifted] * (heads // 2)
+                if model == "s2" else [rules[model]] * heads)
+    return [[[k <= q and rule(q, k) for k in range(n)] for q in range(n)] for rule in per_head]
+
+
+def seen_back(model: str, depth: int) -> list[int]:
+    """How far back each query position 32 … 62 depends, through ``depth`` layers of the masks:
+    the positions a query sees, grown one layer at a time by what any head of each sees."""
+    mask = masks(model)
+    out = []
+    for q in range(32, 63):
+        seen = {q}
+        for _ in range(depth):
+            seen = {k for p in seen for head in mask for k, on in enumerate(head[p]) if on}
+        out.append(q - min(seen))
+    return out
+
+
+@pytest.mark.parametrize("depth", [2, 4, 8])
+@pytest.mark.parametrize("model", ["ecp", "sliding_window", "sliding_window_tiles",
+                                   "block_local", "s2"])
+def test_each_reach_is_what_the_masks_let_a_query_see(model, depth):
+    back = seen_back(model, depth)
+    assert reach(SMALL, model, depth) == (min(back), max(back))
+
+
+def test_a_model_that_may_read_every_position_has_no_reach():
+    for model in ("transformer", "perceiver_ar", "mamba2", "gated_deltanet", "rwkv7"):
+        assert reach(SMALL, model, 2) is None
+
+
 def test_the_primary_family_is_declared_within_the_limit():
-    """Ten contrasts; on the mechanism both at L = 4, d = 16: beyond the tile window's reach
-    and within ECP's, and within the reach of the window of ECP's entries (w = 7)."""
+    """Ten contrasts; on the mechanism both at L = 4, d = 16: past every query's reach in the
+    tile window, within every query's in ECP, and within every query's in the window of ECP's
+    entries (w = 7)."""
     assert len(STUDY.primary) == 10 <= stats.MAX_PRIMARY
-    window = ModelConfig(arch="sliding_window", seq_len=64, num_segments=16).resolved().window
-    assert window == 7
-    assert reach("sliding_window_tiles", 4, 4, window, 64) < 16 <= reach("ecp", 4, 4, window, 64)
-    assert reach("sliding_window", 4, 4, window, 64) >= 16
+    assert ModelConfig(arch="sliding_window", seq_len=64, num_segments=16).resolved().window == 7
+    assert reach(SMALL, "sliding_window_tiles", 4)[1] < 16 <= reach(SMALL, "ecp", 4)[0]
+    assert reach(SMALL, "sliding_window", 4)[0] >= 16
     mechanism = [c for c in STUDY.primary if c.stage == "mechanism"]
     assert {(c.point, c.a) for c in mechanism} == {("d16", "ecp@L4")}
 

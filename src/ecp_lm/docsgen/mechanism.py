@@ -2,8 +2,9 @@
 distance, one panel per depth, from the committed verdict file's runs (points ``d<distance>``).
 
 Each model is a line through its mean over seeds at each distance, its seeds as dots. A model
-whose definition bounds what a query sees (``specs.evidence5.reach``) has that reach drawn as a
-dashed vertical line of its colour: it should fall to chance past it. Chance (1 / the values)
+whose definition bounds what a query sees (``specs.evidence5.reach``) has the furthest any query
+sees drawn as a dashed vertical line of its colour: past it no query sees its key, so it should
+fall to chance there. Chance (1 / the values)
 is the dotted line. Coordinates are rounded to one decimal, so the bytes are the same wherever
 the picture is drawn.
 """
@@ -44,14 +45,13 @@ def mechanism_runs(verdicts: dict) -> dict[tuple[str, int], dict[int, list[float
 
 
 def reaches(models: list[str], depth: int) -> dict[str, int]:
-    """Each bounded model's reach at ``depth`` on the small budget's task."""
-    from ecp_lm.config import ModelConfig
-    from ecp_lm.studies.specs.evidence5 import DISTANCE_TASK, SEGMENTS, reach
+    """The furthest any query of the small budget's task sees at ``depth``, for each model
+    whose definition bounds it."""
+    from ecp_lm.studies.specs.evidence5 import STUDY, reach
 
-    n = DISTANCE_TASK["seq_len"]
-    window = ModelConfig(arch="sliding_window", seq_len=n, num_segments=SEGMENTS).resolved()
-    out = {m: reach(m, depth, n // SEGMENTS, window.window, n) for m in models}
-    return {m: r for m, r in out.items() if r < n - 1}
+    stage = STUDY.stages("small")["mechanism"]
+    out = {m: reach(stage, m, depth) for m in models}
+    return {m: r[1] for m, r in out.items() if r is not None}
 
 
 def draw(verdicts: dict) -> str:
@@ -107,7 +107,7 @@ def draw(verdicts: dict) -> str:
                f'text-anchor="middle">accuracy (report sequences)</text>')
     lx = LEFT + len(depths) * (WIDTH + GAP)
     n = len(models)
-    out += [f'<text x="{lx}" y="{TOP + 14 * n + 12}">dashed: reach by definition</text>',
+    out += [f'<text x="{lx}" y="{TOP + 14 * n + 12}">dashed: furthest reach by definition</text>',
             f'<text x="{lx}" y="{TOP + 14 * n + 26}">dotted: chance</text>']
     for i, m in enumerate(models):
         out += [f'<line x1="{lx}" x2="{lx + 18}" y1="{TOP + 14 * i}" y2="{TOP + 14 * i}" '

@@ -422,10 +422,15 @@ class BandArchitecture(Architecture):
         return f"{self.period} (arch={self.cfg.arch!r} repeats its pattern every {self.period} " \
                "positions from position 0)"
 
-    def context_start(self, length: int) -> int:
-        start = length - 1  # the position whose output predicts the next token
+    def first_seen(self, t: int) -> int:
+        """The first position query position ``t``'s output depends on, through every layer:
+        its receptive field starts there."""
         for _ in range(self.cfg.n_layers):
-            start = self.reach(start)
+            t = self.reach(t)
+        return t
+
+    def context_start(self, length: int) -> int:
+        start = self.first_seen(length - 1)  # from the position that predicts the next token
         return start - start % self.period
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, rows: Rows, dropout_p: float,

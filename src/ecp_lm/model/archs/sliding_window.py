@@ -127,8 +127,8 @@ class SlidingWindow(SizedBand):
                              "context-parallel shards holds; run it unsplit")
         super().check_context(t, k)
 
-    def context_start(self, length: int) -> int:
-        return 0 if self.sink_len else super().context_start(length)
+    def first_seen(self, t: int) -> int:
+        return 0 if self.sink_len else super().first_seen(t)
 
     def flex_bands(self, n_heads: int) -> block_masks.Bands | None:
         # With sinks, the block mask comes from the predicate (the sink columns are no band).

@@ -3,10 +3,10 @@ measured where the models learn, and its headline orderings.
 
 **Mechanism**: recall with each query's key d ∈ {m/2, m, 2m, 4m, 8m} behind it (N = 64, m = 4;
 queries in the second half, which PerceiverAR's l = N/2 latents predict), at depths 2, 4, 8,
-scored per distance (points ``d2`` … ``d32``); ``reach`` is what each definition lets a query
-see. The tile window (w = m) falls short of ECP at every depth, the window of ECP's entries
-(w = 7) reaches past it: its contrast asks whether ECP recalls as well where both reach. Both
-primary contrasts sit at L = 4, d = 16 = 4m.
+scored per distance (points ``d2`` … ``d32``); ``reach`` is how far back each definition lets
+the queries see. The tile window (w = m) falls short of ECP at every depth, the window of ECP's
+entries (w = 7) reaches past it: its contrast asks whether ECP recalls as well where both
+reach. Both primary contrasts sit at L = 4, d = 16 = 4m.
 
 **Language** (sympy-code, five seeds; ``replication``: enwiki-mini, three): Evidence III's
 curve's size (d 128, 4 layers, N = 2048, m = 256, 8,192 tokens a step; ECP 1.98 bits/byte at
@@ -118,16 +118,22 @@ def pixels(source, size, train=PIXEL_TRAIN, points=(300, 600), select_steps=150,
                                     path=path), models, seeds, Grid((1e-3, 2e-3, 4e-3), 2.0))
 
 
-def reach(model: str, depth: int, m: int, window: int, n: int) -> int:
-    """How far back (in positions) a query can see at ``depth`` layers, by the model's
-    definition: the receptive field drawn on the mechanism plot."""
-    if model == "ecp":
-        return depth * m
-    if model.startswith("sliding_window"):
-        return depth * ((m if model.endswith("tiles") else window) - 1)
-    if model == "s2":
-        return depth * (m - 1)
-    return 2 * m - 1 if model == "block_local" else n - 1
+def reach(stage: Stage, model: str, depth: int) -> tuple[int, int] | None:
+    """How far back the recall queries of ``stage`` see through ``depth`` layers of ``model``,
+    by its definition (its mask's one-layer reach, composed: ``first_seen``): the distance
+    every query sees, and the furthest any query sees (past it, no query sees its key). None
+    where a query may depend on every earlier position (full attention, latents, a state)."""
+    from ecp_lm.model.archs import architecture
+    from ecp_lm.model.archs.base import BandArchitecture
+    from ecp_lm.studies.spec import model_config
+
+    cfg = model_config(stage, model, depth).resolved()
+    arch = architecture(cfg.arch)(cfg)
+    if not isinstance(arch, BandArchitecture):
+        return None
+    task = stage.task.task
+    back = [q - arch.first_seen(q) for q in range(task["query_start"], task["seq_len"] - 1)]
+    return min(back), max(back)
 
 
 STUDY = Study(
