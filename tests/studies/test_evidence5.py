@@ -14,6 +14,7 @@ import torch
 from ecp_lm import ModelConfig, build_model
 from ecp_lm.studies import report, stats
 from ecp_lm.studies.__main__ import main
+from ecp_lm.studies.specs import evidence5
 from ecp_lm.studies.specs.evidence5 import DISTANCE_TASK, STUDY, reach
 from ecp_lm.training.mqar import MQARSpec, mqar_batch, query_logits
 
@@ -170,6 +171,18 @@ def seen_back(model: str, depth: int) -> list[int]:
 def test_each_reach_is_what_the_masks_let_a_query_see(model, depth):
     back = seen_back(model, depth)
     assert reach(SMALL, model, depth) == (min(back), max(back))
+
+
+def test_the_spec_states_each_reach():
+    def span(r):
+        return f"{r[0]}" if r[0] == r[1] else f"{r[0]}–{r[1]}"
+
+    text = " ".join(evidence5.__doc__.split())
+    for model, name in (("ecp", "ECP"), ("sliding_window_tiles", "the tile window"),
+                        ("sliding_window", "the window of ECP's entries"), ("s2", "S²")):
+        assert f"{name} {', '.join(span(reach(SMALL, model, d)) for d in (2, 4, 8))}" in text
+    assert {reach(SMALL, "block_local", d) for d in (2, 4, 8)} == {(0, 7)}
+    assert "block_local 0–7 at any depth" in text
 
 
 def test_a_model_that_may_read_every_position_has_no_reach():

@@ -6,7 +6,10 @@ queries in the second half, which PerceiverAR's l = N/2 latents predict), at dep
 scored per distance (points ``d2`` … ``d32``); ``reach`` is how far back each definition lets
 the queries see. The tile window (w = m) falls short of ECP at every depth, the window of ECP's
 entries (w = 7) reaches past it: its contrast asks whether ECP recalls as well where both
-reach. Both primary contrasts sit at L = 4, d = 16 = 4m.
+reach. Both primary contrasts sit at L = 4, d = 16 = 4m. By their masks, the distance every
+query sees and the furthest any sees at L = 2, 4, 8 are: ECP 8–11, 16–19, 32–35; the tile
+window 6, 12, 24; the window of ECP's entries 12, 24, 32–48; S² 4–5, 8–9, 16–17 (m − 1 in its
+first layer, m/2 in each further one); block_local 0–7 at any depth.
 
 **Language** (sympy-code, five seeds; ``replication``: enwiki-mini, three): Evidence III's
 curve's size (d 128, 4 layers, N = 2048, m = 256, 8,192 tokens a step; ECP 1.98 bits/byte at
