@@ -4,9 +4,8 @@ distance, one panel per depth, from the committed verdict file's runs (points ``
 Each model is a line through its mean over seeds at each distance, its seeds as dots. A model
 whose definition bounds what a query sees (``specs.evidence5.reach``) has the furthest any query
 sees drawn as a dashed vertical line of its colour: past it no query sees its key, so it should
-fall to chance there. Chance (1 / the values)
-is the dotted line. Coordinates are rounded to one decimal, so the bytes are the same wherever
-the picture is drawn.
+fall to chance there. Chance (1 / the values) is the dotted line. Coordinates are rounded to
+one decimal, so the bytes are the same wherever the picture is drawn.
 """
 
 from __future__ import annotations

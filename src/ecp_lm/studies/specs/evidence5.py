@@ -130,10 +130,10 @@ def reach(stage: Stage, model: str, depth: int) -> tuple[int, int] | None:
     from ecp_lm.model.archs.base import BandArchitecture
     from ecp_lm.studies.spec import model_config
 
+    if not issubclass(architecture(stage.models[model]["arch"]), BandArchitecture):
+        return None  # before its config, which a matched width would search for
     cfg = model_config(stage, model, depth).resolved()
     arch = architecture(cfg.arch)(cfg)
-    if not isinstance(arch, BandArchitecture):
-        return None
     task = stage.task.task
     back = [q - arch.first_seen(q) for q in range(task["query_start"], task["seq_len"] - 1)]
     return min(back), max(back)
